@@ -1,0 +1,25 @@
+//! The rocefabric API: the `RoceFabric` and `RoceNode` custom resources, the constants every
+//! component shares (group, annotation keys, resource names, condition types), and pure helpers
+//! over them (defaults, the RoCE ToS formula, NIC selection, quantity parsing, condition merging,
+//! client-side validation against the generated CRD schema).
+//!
+//! This crate does no I/O and talks to no API server; the `crdgen` binary prints the CRDs.
+
+pub mod conditions;
+pub mod constants;
+pub mod crdgen;
+pub mod fabric;
+pub mod nic_selector;
+pub mod node;
+pub mod quantity;
+pub mod validate;
+
+pub use fabric::{
+    CnpSpec, EcnSpec, NodeCounts, QosSpec, RegionCounts, RoceFabric, RoceFabricSpec,
+    RoceFabricStatus, RolloutSpec, SharedMemorySpec, Trust,
+};
+pub use nic_selector::{NicIdentity, NicSelector};
+pub use node::{
+    InterfaceStatus, Knob, KnobOutcome, KnobStatus, Mechanism, RoceNode, RoceNodeSpec,
+    RoceNodeStatus,
+};

@@ -1,0 +1,148 @@
+//! Client-side validation of a RoceFabric exactly as the API server would do it: the generated
+//! CRD's OpenAPI schema (ranges, list sizes, types) and its CEL rules. The CRD is the one source
+//! of the rules; the operator, `plan` and `qos apply` call this instead of re-stating them.
+
+use std::sync::OnceLock;
+
+use kube::CustomResourceExt;
+use kube::core::cel::Validator;
+use serde_json::Value;
+
+use crate::nic_selector::NicSelector;
+use crate::{QosSpec, RoceFabric, quantity};
+
+/// One rejected field: where, and why (the rule's message or the schema violation).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FieldError {
+    /// Dotted path, e.g. `spec.qos.rocePriority`.
+    pub field: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for FieldError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.field, self.message)
+    }
+}
+
+/// Every reason an object was rejected.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {kind} {name:?}: {}", .errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+pub struct Invalid {
+    pub kind: &'static str,
+    pub name: String,
+    pub errors: Vec<FieldError>,
+}
+
+fn fabric_schema() -> &'static Value {
+    static SCHEMA: OnceLock<Value> = OnceLock::new();
+    SCHEMA.get_or_init(|| {
+        let crd = RoceFabric::crd();
+        let schema = crd.spec.versions[0]
+            .schema
+            .as_ref()
+            .and_then(|s| s.open_api_v3_schema.as_ref())
+            .expect("the derived CRD has an openAPIV3Schema");
+        serde_json::to_value(schema).expect("a schema serializes to JSON")
+    })
+}
+
+fn schema_validator() -> &'static jsonschema::Validator {
+    static VALIDATOR: OnceLock<jsonschema::Validator> = OnceLock::new();
+    VALIDATOR.get_or_init(|| {
+        jsonschema::draft4::new(fabric_schema()).expect("the generated schema is valid JSON Schema")
+    })
+}
+
+/// Validate a RoceFabric given as JSON (as read from YAML or the API server).
+pub fn fabric_value(object: &Value) -> Result<(), Invalid> {
+    let name = object
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let mut errors: Vec<FieldError> = schema_validator()
+        .iter_errors(object)
+        .map(|e| FieldError {
+            field: pointer_to_path(e.instance_path().as_str()),
+            message: e.to_string(),
+        })
+        .collect();
+    // CEL rules presume a structurally valid object, as in the API server.
+    if errors.is_empty()
+        && let Err(cel) = Validator::new().validate(fabric_schema(), object, None)
+    {
+        errors.extend(cel.into_vec().into_iter().map(|e| FieldError {
+            field: e.field_path.trim_start_matches('.').to_string(),
+            message: e.message,
+        }));
+    }
+    if errors.is_empty()
+        && let Some(sel) = object.pointer("/spec/nicSelector")
+        && let Ok(sel) = serde_json::from_value::<NicSelector>(sel.clone())
+        && let Err(e) = sel.check()
+    {
+        errors.push(FieldError { field: format!("spec.nicSelector.{}", e.field), message: e.to_string() });
+    }
+    if errors.is_empty()
+        && let Some(size) = object.pointer("/spec/sharedMemory/regionSize").and_then(Value::as_str)
+        && let Err(e) = quantity::parse_bytes(size)
+    {
+        errors.push(FieldError { field: "spec.sharedMemory.regionSize".into(), message: e.to_string() });
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(Invalid { kind: "RoceFabric", name, errors })
+    }
+}
+
+/// Validate a typed RoceFabric.
+pub fn fabric(object: &RoceFabric) -> Result<(), Invalid> {
+    let value = serde_json::to_value(object).expect("a RoceFabric serializes to JSON");
+    fabric_value(&value)
+}
+
+/// Validate a bare QoS block (the `qos apply --config` file) with the fabric's rules.
+pub fn qos_value(qos: &Value) -> Result<QosSpec, Invalid> {
+    let object = serde_json::json!({
+        "apiVersion": crate::constants::API_VERSION,
+        "kind": "RoceFabric",
+        "metadata": { "name": "qos" },
+        "spec": { "qos": qos },
+    });
+    fabric_value(&object).map_err(|mut e| {
+        e.kind = "QoS block";
+        e.name = String::new();
+        for err in &mut e.errors {
+            if let Some(rest) = err.field.strip_prefix("spec.qos") {
+                err.field = rest.trim_start_matches('.').to_string();
+                if err.field.is_empty() {
+                    err.field = "qos".into();
+                }
+            }
+        }
+        e
+    })?;
+    serde_json::from_value(qos.clone()).map_err(|e| Invalid {
+        kind: "QoS block",
+        name: String::new(),
+        errors: vec![FieldError { field: "qos".into(), message: e.to_string() }],
+    })
+}
+
+/// `/spec/qos/pfcPriorities/1` -> `spec.qos.pfcPriorities[1]`.
+fn pointer_to_path(pointer: &str) -> String {
+    let mut out = String::new();
+    for seg in pointer.split('/').filter(|s| !s.is_empty()) {
+        if seg.chars().all(|c| c.is_ascii_digit()) {
+            out.push_str(&format!("[{seg}]"));
+        } else {
+            if !out.is_empty() {
+                out.push('.');
+            }
+            out.push_str(&seg.replace("~1", "/").replace("~0", "~"));
+        }
+    }
+    if out.is_empty() { "<root>".into() } else { out }
+}

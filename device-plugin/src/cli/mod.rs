@@ -1,0 +1,21 @@
+//! Command-line surface of the node daemon. Each subcommand lives in its own module.
+
+use clap::{Parser, Subcommand};
+
+/// rocefabric node daemon: RDMA HCA and GPU discovery, kubelet device plugin, RoCE QoS agent.
+#[derive(Debug, Parser)]
+#[command(name = "rocefabric-device-plugin", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    // Subcommands are added by their modules: discover, serve, qos, agent.
+}
+
+/// Run the parsed command line.
+pub fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {}
+}

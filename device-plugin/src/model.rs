@@ -1,0 +1,101 @@
+//! The node's devices as discovery reports them: the contract between `inventory` (which builds
+//! it from sysfs), `topology`, `allocation` and the kubelet-facing servers.
+
+use serde::Serialize;
+
+/// Kubelet health of a device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub enum Health {
+    Healthy,
+    Unhealthy,
+}
+
+impl Health {
+    /// The kubelet API string (`"Healthy"` / `"Unhealthy"`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Health::Healthy => "Healthy",
+            Health::Unhealthy => "Unhealthy",
+        }
+    }
+}
+
+/// RDMA port state from `ports/<n>/state` (`"4: ACTIVE"`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum PortState {
+    Nop,
+    Down,
+    Init,
+    Armed,
+    Active,
+    ActiveDefer,
+    Unknown,
+}
+
+/// One RDMA device with a RoCE (Ethernet link layer) port: what the `rdma/hca` resource hands out.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Hca {
+    /// RDMA device name (`mlx5_0`).
+    pub name: String,
+    /// Full PCI address (`0000:18:00.0`); the device ID advertised to the kubelet.
+    pub pci_address: String,
+    pub vendor: u16,
+    pub device_id: u16,
+    /// The RoCE port number (from 1).
+    pub port: u32,
+    /// Netdev of the port (`enp24s0np0`), when one is bound.
+    pub netdev: Option<String>,
+    /// NUMA node, `None` when sysfs says -1 or nothing.
+    pub numa_node: Option<u32>,
+    pub state: PortState,
+    /// `uverbsN` character device name of this RDMA device.
+    pub uverbs: Option<String>,
+    /// Index of the RoCE v2 IPv4-mapped GID on this port's netdev, when there is one.
+    pub roce_v2_gid_index: Option<u32>,
+    /// Healthy when the port is ACTIVE and a uverbs device exists.
+    pub health: Health,
+    /// Realpath of the PCI function under the sysfs root (`/devices/pci0000:15/.../0000:18:00.0`),
+    /// relative to the sysfs root; topology is computed from it.
+    pub pci_path: String,
+}
+
+/// One NVIDIA GPU (vendor 0x10de, display or 3D class).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Gpu {
+    /// Full PCI address; the device ID advertised to the kubelet.
+    pub pci_address: String,
+    /// Driver enumeration index N of `/dev/nvidiaN` (PCI bus order).
+    pub index: u32,
+    pub device_id: u16,
+    pub numa_node: Option<u32>,
+    pub health: Health,
+    /// Realpath of the PCI function relative to the sysfs root.
+    pub pci_path: String,
+}
+
+/// PCIe distance between two functions, as `nvidia-smi topo -m` names it (closest first).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub enum Distance {
+    /// Crosses at most one PCIe switch.
+    PIX,
+    /// Crosses several PCIe bridges, without the host bridge.
+    PXB,
+    /// Crosses a PCIe host bridge.
+    PHB,
+    /// Crosses host bridges within one NUMA node.
+    NODE,
+    /// Crosses the interconnect between NUMA nodes.
+    SYS,
+}
+
+/// Everything discovered on a node.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Inventory {
+    /// RoCE HCAs, sorted by PCI address.
+    pub hcas: Vec<Hca>,
+    /// GPUs, sorted by index.
+    pub gpus: Vec<Gpu>,
+}

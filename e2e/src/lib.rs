@@ -1,0 +1,1 @@
+//! Node-level and real-cluster end-to-end suites for rocefabric (tests live in `tests/`).

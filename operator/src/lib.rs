@@ -1,0 +1,1 @@
+//! rocefabric operator library.
