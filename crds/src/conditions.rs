@@ -13,8 +13,18 @@ pub struct Desired {
 }
 
 impl Desired {
-    pub fn new(type_: &'static str, status: bool, reason: &'static str, message: impl Into<String>) -> Self {
-        Self { type_, status, reason, message: message.into() }
+    pub fn new(
+        type_: &'static str,
+        status: bool,
+        reason: &'static str,
+        message: impl Into<String>,
+    ) -> Self {
+        Self {
+            type_,
+            status,
+            reason,
+            message: message.into(),
+        }
     }
 }
 
@@ -25,7 +35,12 @@ fn status_str(b: bool) -> &'static str {
 /// Merge `desired` into `current`, returning the new list (sorted by type for stable output).
 /// A condition whose status is unchanged keeps its `lastTransitionTime`; conditions of other
 /// types are kept as they are.
-pub fn merge(current: &[Condition], desired: &[Desired], generation: Option<i64>, now: &Time) -> Vec<Condition> {
+pub fn merge(
+    current: &[Condition],
+    desired: &[Desired],
+    generation: Option<i64>,
+    now: &Time,
+) -> Vec<Condition> {
     let mut out: Vec<Condition> = current
         .iter()
         .filter(|c| !desired.iter().any(|d| d.type_ == c.type_))
@@ -86,12 +101,31 @@ mod tests {
 
     #[test]
     fn transition_time_moves_only_when_status_changes() {
-        let first = merge(&[], &[Desired::new("Ready", false, "RolloutInProgress", "1/3")], Some(1), &t(10));
+        let first = merge(
+            &[],
+            &[Desired::new("Ready", false, "RolloutInProgress", "1/3")],
+            Some(1),
+            &t(10),
+        );
         assert_eq!(first[0].last_transition_time, t(10));
-        let same = merge(&first, &[Desired::new("Ready", false, "RolloutInProgress", "2/3")], Some(1), &t(20));
-        assert_eq!(same[0].last_transition_time, t(10), "status unchanged keeps the time");
+        let same = merge(
+            &first,
+            &[Desired::new("Ready", false, "RolloutInProgress", "2/3")],
+            Some(1),
+            &t(20),
+        );
+        assert_eq!(
+            same[0].last_transition_time,
+            t(10),
+            "status unchanged keeps the time"
+        );
         assert_eq!(same[0].message, "2/3");
-        let flipped = merge(&same, &[Desired::new("Ready", true, "AllNodesConfigured", "3/3")], Some(2), &t(30));
+        let flipped = merge(
+            &same,
+            &[Desired::new("Ready", true, "AllNodesConfigured", "3/3")],
+            Some(2),
+            &t(30),
+        );
         assert_eq!(flipped[0].last_transition_time, t(30));
         assert_eq!(flipped[0].observed_generation, Some(2));
         assert!(is_true(&flipped, "Ready", Some(2)));
@@ -101,9 +135,17 @@ mod tests {
     #[test]
     fn other_types_are_kept_and_output_is_sorted() {
         let a = merge(&[], &[Desired::new("Ready", true, "X", "")], None, &t(1));
-        let b = merge(&a, &[Desired::new("Degraded", false, "AsExpected", "")], None, &t(2));
+        let b = merge(
+            &a,
+            &[Desired::new("Degraded", false, "AsExpected", "")],
+            None,
+            &t(2),
+        );
         let types: Vec<_> = b.iter().map(|c| c.type_.as_str()).collect();
         assert_eq!(types, ["Degraded", "Ready"]);
-        assert!(same_ignoring_time(&b, &merge(&b, &[Desired::new("Ready", true, "X", "")], None, &t(9))));
+        assert!(same_ignoring_time(
+            &b,
+            &merge(&b, &[Desired::new("Ready", true, "X", "")], None, &t(9))
+        ));
     }
 }

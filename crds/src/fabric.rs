@@ -53,7 +53,9 @@ pub struct RoceFabricSpec {
 }
 
 /// Which field of the packet the NIC trusts to pick the priority.
-#[derive(Serialize, Deserialize, schemars::JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(
+    Serialize, Deserialize, schemars::JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq, Hash,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Trust {
     /// The DSCP field of the IP header (the usual choice for routed RoCE v2).
@@ -213,7 +215,10 @@ pub struct EcnSpec {
 
 impl Default for EcnSpec {
     fn default() -> Self {
-        Self { enabled: true, priorities: None }
+        Self {
+            enabled: true,
+            priorities: None,
+        }
     }
 }
 
@@ -233,7 +238,10 @@ pub struct CnpSpec {
 
 impl Default for CnpSpec {
     fn default() -> Self {
-        Self { dscp: default_cnp_dscp(), priority: default_cnp_priority() }
+        Self {
+            dscp: default_cnp_dscp(),
+            priority: default_cnp_priority(),
+        }
     }
 }
 
@@ -242,7 +250,7 @@ impl Default for CnpSpec {
 #[serde(rename_all = "camelCase")]
 pub struct SharedMemorySpec {
     /// Size of one region, a positive multiple of 4096 bytes (for example `1Gi`).
-    #[x_kube(validation = Rule::new("isQuantity(self) && quantity(self).isGreaterThan(quantity('0')) && quantity(self).asInteger() % 4096 == 0")
+    #[x_kube(validation = Rule::new("isQuantity(string(self)) && quantity(string(self)).isInteger() && quantity(string(self)).isGreaterThan(quantity('0')) && quantity(string(self)).asInteger() % 4096 == 0")
         .message("regionSize must be a positive quantity of whole 4096-byte pages, such as 1Gi")
         .reason(Reason::FieldValueInvalid))]
     pub region_size: Quantity,
@@ -261,7 +269,7 @@ pub struct RolloutSpec {
     /// Nodes reconfiguring at once: an integer >= 1 or a percentage of selected nodes (rounded up,
     /// at least one). Default 1. Changing PFC flaps the link on ConnectX NICs.
     #[serde(default = "default_max_unavailable")]
-    #[x_kube(validation = Rule::new("type(self) == int ? self >= 1 : self.matches('^[1-9][0-9]?%$|^100%$')")
+    #[x_kube(validation = Rule::new("string(self).matches('^([1-9][0-9]*|[1-9][0-9]?%|100%)$')")
         .message("maxUnavailable must be an integer of at least 1 or a percentage from 1% to 100%")
         .reason(Reason::FieldValueInvalid))]
     pub max_unavailable: IntOrString,
@@ -273,7 +281,9 @@ fn default_max_unavailable() -> IntOrString {
 
 impl Default for RolloutSpec {
     fn default() -> Self {
-        Self { max_unavailable: default_max_unavailable() }
+        Self {
+            max_unavailable: default_max_unavailable(),
+        }
     }
 }
 

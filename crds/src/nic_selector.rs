@@ -63,7 +63,9 @@ impl NicSelector {
         };
         let pci_any = |list: &[String]| {
             list.is_empty()
-                || list.iter().any(|v| normalize_pci_address(v).as_deref() == Some(nic.pci_address))
+                || list
+                    .iter()
+                    .any(|v| normalize_pci_address(v).as_deref() == Some(nic.pci_address))
         };
         let name_any = |list: &[String], name: Option<&str>| {
             list.is_empty() || name.is_some_and(|n| list.iter().any(|v| v == n))
@@ -86,7 +88,11 @@ impl NicSelector {
                 });
             }
         }
-        if let Some(bad) = self.pci_addresses.iter().find(|v| normalize_pci_address(v).is_none()) {
+        if let Some(bad) = self
+            .pci_addresses
+            .iter()
+            .find(|v| normalize_pci_address(v).is_none())
+        {
             return Err(SelectorError {
                 field: "pciAddresses",
                 value: bad.clone(),
@@ -100,7 +106,10 @@ impl NicSelector {
 /// Parse a 16-bit PCI id written in hex, with or without `0x`.
 pub fn parse_hex_id(value: &str) -> Option<u16> {
     let v = value.trim();
-    let digits = v.strip_prefix("0x").or_else(|| v.strip_prefix("0X")).unwrap_or(v);
+    let digits = v
+        .strip_prefix("0x")
+        .or_else(|| v.strip_prefix("0X"))
+        .unwrap_or(v);
     if digits.is_empty() || digits.len() > 4 {
         return None;
     }
@@ -161,45 +170,78 @@ mod tests {
             ..Default::default()
         };
         assert!(sel.matches(&cx7()));
-        let sel = NicSelector { netdevs: vec!["enp64s0np0".into()], ..sel };
+        let sel = NicSelector {
+            netdevs: vec!["enp64s0np0".into()],
+            ..sel
+        };
         assert!(!sel.matches(&cx7()), "netdev list must also match");
     }
 
     #[test]
     fn pci_address_without_domain_matches() {
-        let sel = NicSelector { pci_addresses: vec!["18:00.0".into()], ..Default::default() };
+        let sel = NicSelector {
+            pci_addresses: vec!["18:00.0".into()],
+            ..Default::default()
+        };
         assert!(sel.matches(&cx7()));
-        let sel = NicSelector { pci_addresses: vec!["0000:19:00.0".into()], ..Default::default() };
+        let sel = NicSelector {
+            pci_addresses: vec!["0000:19:00.0".into()],
+            ..Default::default()
+        };
         assert!(!sel.matches(&cx7()));
     }
 
     #[test]
     fn rdma_device_names_match_exactly_not_by_prefix() {
-        let sel = NicSelector { rdma_devices: vec!["mlx5_1".into()], ..Default::default() };
-        let nic = NicIdentity { rdma_device: "mlx5_10", ..cx7() };
+        let sel = NicSelector {
+            rdma_devices: vec!["mlx5_1".into()],
+            ..Default::default()
+        };
+        let nic = NicIdentity {
+            rdma_device: "mlx5_10",
+            ..cx7()
+        };
         assert!(!sel.matches(&nic));
     }
 
     #[test]
     fn netdev_selector_never_matches_a_nic_without_netdev() {
-        let sel = NicSelector { netdevs: vec!["enp24s0np0".into()], ..Default::default() };
-        assert!(!sel.matches(&NicIdentity { netdev: None, ..cx7() }));
+        let sel = NicSelector {
+            netdevs: vec!["enp24s0np0".into()],
+            ..Default::default()
+        };
+        assert!(!sel.matches(&NicIdentity {
+            netdev: None,
+            ..cx7()
+        }));
     }
 
     #[test]
     fn check_names_field_and_value() {
-        let sel = NicSelector { device_ids: vec!["cx7".into()], ..Default::default() };
+        let sel = NicSelector {
+            device_ids: vec!["cx7".into()],
+            ..Default::default()
+        };
         let err = sel.check().unwrap_err();
         assert_eq!(err.field, "deviceIds");
         assert!(err.to_string().contains("\"cx7\""), "{err}");
-        let sel = NicSelector { pci_addresses: vec!["18:00".into()], ..Default::default() };
+        let sel = NicSelector {
+            pci_addresses: vec!["18:00".into()],
+            ..Default::default()
+        };
         assert_eq!(sel.check().unwrap_err().field, "pciAddresses");
     }
 
     #[test]
     fn pci_normalization() {
-        assert_eq!(normalize_pci_address("0000:AA:00.1").as_deref(), Some("0000:aa:00.1"));
-        assert_eq!(normalize_pci_address("aa:00.1").as_deref(), Some("0000:aa:00.1"));
+        assert_eq!(
+            normalize_pci_address("0000:AA:00.1").as_deref(),
+            Some("0000:aa:00.1")
+        );
+        assert_eq!(
+            normalize_pci_address("aa:00.1").as_deref(),
+            Some("0000:aa:00.1")
+        );
         assert_eq!(normalize_pci_address("aa:20.1"), None);
         assert_eq!(normalize_pci_address("aa:00.8"), None);
         assert_eq!(normalize_pci_address("zz:00.0"), None);

@@ -9,7 +9,9 @@ use crate::fabric::{QosSpec, Trust};
 use crate::nic_selector::NicSelector;
 
 /// What the node must hold: written by the operator with server-side apply.
-#[derive(CustomResource, Serialize, Deserialize, schemars::JsonSchema, Clone, Debug, Default, PartialEq)]
+#[derive(
+    CustomResource, Serialize, Deserialize, schemars::JsonSchema, Clone, Debug, Default, PartialEq,
+)]
 #[kube(
     group = "rocefabric.io",
     version = "v1alpha1",
@@ -97,7 +99,19 @@ pub struct InterfaceStatus {
 }
 
 /// One QoS setting of an interface.
-#[derive(Serialize, Deserialize, schemars::JsonSchema, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+)]
 #[serde(rename_all = "camelCase")]
 pub enum Knob {
     /// DSCP or PCP trust.

@@ -18,7 +18,10 @@ pub fn to_bytes(q: &Quantity) -> Result<u64, QuantityError> {
 
 /// See [`to_bytes`].
 pub fn parse_bytes(value: &str) -> Result<u64, QuantityError> {
-    let err = |reason| QuantityError { value: value.to_string(), reason };
+    let err = |reason| QuantityError {
+        value: value.to_string(),
+        reason,
+    };
     let s = value.trim();
     let split = s
         .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+'))
@@ -51,7 +54,11 @@ pub fn parse_bytes(value: &str) -> Result<u64, QuantityError> {
         _ => return Err(err("unknown suffix; use Ki, Mi, Gi, Ti, k, M, G or T")),
     };
     let (int_part, frac_part) = number.split_once('.').unwrap_or((number, ""));
-    if !int_part.chars().chain(frac_part.chars()).all(|c| c.is_ascii_digit()) {
+    if !int_part
+        .chars()
+        .chain(frac_part.chars())
+        .all(|c| c.is_ascii_digit())
+    {
         return Err(err("expected a number such as 1Gi"));
     }
     let digits = format!("{int_part}{frac_part}");
@@ -59,8 +66,12 @@ pub fn parse_bytes(value: &str) -> Result<u64, QuantityError> {
     let denom = 10u128
         .checked_pow(u32::try_from(frac_part.len()).map_err(|_| err("number too large"))?)
         .ok_or_else(|| err("number too large"))?;
-    let mult = base.checked_pow(exp).ok_or_else(|| err("number too large"))?;
-    let scaled = mantissa.checked_mul(mult).ok_or_else(|| err("number too large"))?;
+    let mult = base
+        .checked_pow(exp)
+        .ok_or_else(|| err("number too large"))?;
+    let scaled = mantissa
+        .checked_mul(mult)
+        .ok_or_else(|| err("number too large"))?;
     if scaled % denom != 0 {
         return Err(err("not a whole number of bytes"));
     }

@@ -82,18 +82,30 @@ pub fn fabric_value(object: &Value) -> Result<(), Invalid> {
         && let Ok(sel) = serde_json::from_value::<NicSelector>(sel.clone())
         && let Err(e) = sel.check()
     {
-        errors.push(FieldError { field: format!("spec.nicSelector.{}", e.field), message: e.to_string() });
+        errors.push(FieldError {
+            field: format!("spec.nicSelector.{}", e.field),
+            message: e.to_string(),
+        });
     }
     if errors.is_empty()
-        && let Some(size) = object.pointer("/spec/sharedMemory/regionSize").and_then(Value::as_str)
+        && let Some(size) = object
+            .pointer("/spec/sharedMemory/regionSize")
+            .and_then(Value::as_str)
         && let Err(e) = quantity::parse_bytes(size)
     {
-        errors.push(FieldError { field: "spec.sharedMemory.regionSize".into(), message: e.to_string() });
+        errors.push(FieldError {
+            field: "spec.sharedMemory.regionSize".into(),
+            message: e.to_string(),
+        });
     }
     if errors.is_empty() {
         Ok(())
     } else {
-        Err(Invalid { kind: "RoceFabric", name, errors })
+        Err(Invalid {
+            kind: "RoceFabric",
+            name,
+            errors,
+        })
     }
 }
 
@@ -127,7 +139,10 @@ pub fn qos_value(qos: &Value) -> Result<QosSpec, Invalid> {
     serde_json::from_value(qos.clone()).map_err(|e| Invalid {
         kind: "QoS block",
         name: String::new(),
-        errors: vec![FieldError { field: "qos".into(), message: e.to_string() }],
+        errors: vec![FieldError {
+            field: "qos".into(),
+            message: e.to_string(),
+        }],
     })
 }
 

@@ -1,0 +1,263 @@
+//! Defaults fill in, and every out-of-range value and every CEL rule is rejected with a message
+//! naming the field, as the API server would reject it.
+
+use kube::CustomResourceExt;
+use rocefabric_api::validate::{self, FieldError};
+use rocefabric_api::{QosSpec, RoceFabric, RoceFabricSpec, Trust};
+use serde_json::{Value, json};
+
+fn fabric(spec: Value) -> Value {
+    json!({
+        "apiVersion": "rocefabric.io/v1alpha1",
+        "kind": "RoceFabric",
+        "metadata": { "name": "f" },
+        "spec": spec,
+    })
+}
+
+fn errors(spec: Value) -> Vec<FieldError> {
+    match validate::fabric_value(&fabric(spec)) {
+        Ok(()) => Vec::new(),
+        Err(e) => {
+            assert!(e.to_string().contains("RoceFabric \"f\""), "{e}");
+            e.errors
+        }
+    }
+}
+
+/// Assert that `spec` is rejected on `field` with a message containing `needle`.
+#[track_caller]
+fn assert_rejected(spec: Value, field: &str, needle: &str) {
+    let errs = errors(spec.clone());
+    assert!(
+        errs.iter()
+            .any(|e| e.field == field && e.message.contains(needle)),
+        "spec {spec} should be rejected on {field} with {needle:?}, got {errs:?}"
+    );
+}
+
+#[test]
+fn empty_spec_gets_the_standard_lossless_defaults() {
+    let f: RoceFabric = serde_json::from_value(fabric(json!({}))).expect("empty spec parses");
+    let q = &f.spec.qos;
+    assert_eq!(q.trust, Trust::Dscp);
+    assert_eq!((q.roce_dscp, q.roce_priority), (26, 3));
+    assert_eq!(q.pfc_priorities, vec![3]);
+    assert!(q.ecn.enabled);
+    assert_eq!(
+        q.ecn_priorities(),
+        vec![3],
+        "ECN defaults to the RoCE priority"
+    );
+    assert_eq!((q.cnp.dscp, q.cnp.priority), (48, 6));
+    assert_eq!(q.mtu, 4200);
+    assert_eq!(q.traffic_class(), 106);
+    assert_eq!(f.spec.rollout.budget(10), 1);
+    assert!(f.spec.shared_memory.is_none());
+    assert!(errors(json!({})).is_empty());
+    f.validate_cel().expect("defaults pass the CEL rules");
+}
+
+#[test]
+fn ecn_priorities_follow_a_changed_roce_priority() {
+    let f: RoceFabric = serde_json::from_value(fabric(
+        json!({"qos": {"rocePriority": 5, "pfcPriorities": [5]}}),
+    ))
+    .expect("parses");
+    assert_eq!(f.spec.qos.ecn_priorities(), vec![5]);
+    let rendered = f.spec.qos.rendered();
+    assert_eq!(rendered.ecn.priorities, Some(vec![5]));
+    let off: QosSpec = serde_json::from_value(json!({"ecn": {"enabled": false}})).expect("parses");
+    assert!(off.ecn_priorities().is_empty());
+}
+
+#[test]
+fn the_crd_schema_carries_the_defaults_for_the_api_server() {
+    let crd = serde_json::to_value(RoceFabric::crd()).expect("json");
+    let qos = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+        ["qos"];
+    assert_eq!(qos["properties"]["roceDscp"]["default"], 26);
+    assert_eq!(qos["properties"]["rocePriority"]["default"], 3);
+    assert_eq!(qos["properties"]["pfcPriorities"]["default"], json!([3]));
+    assert_eq!(
+        qos["properties"]["cnp"]["default"],
+        json!({"dscp": 48, "priority": 6})
+    );
+    assert_eq!(qos["properties"]["mtu"]["default"], 4200);
+    assert_eq!(qos["properties"]["trust"]["default"], "dscp");
+    assert_eq!(
+        qos["properties"]["pfcPriorities"]["x-kubernetes-list-type"],
+        "set"
+    );
+    assert_eq!(crd["spec"]["scope"], "Cluster");
+    assert_eq!(crd["spec"]["names"]["shortNames"], json!(["rf"]));
+}
+
+#[test]
+fn out_of_range_values_are_rejected_naming_the_field() {
+    let cases = [
+        (json!({"qos": {"roceDscp": 64}}), "spec.qos.roceDscp", "64"),
+        (json!({"qos": {"roceDscp": -1}}), "spec.qos.roceDscp", "-1"),
+        (
+            json!({"qos": {"rocePriority": 8, "pfcPriorities": [3]}}),
+            "spec.qos.rocePriority",
+            "8",
+        ),
+        (
+            json!({"qos": {"pfcPriorities": [3, 9]}}),
+            "spec.qos.pfcPriorities[1]",
+            "9",
+        ),
+        (
+            json!({"qos": {"cnp": {"dscp": 70}}}),
+            "spec.qos.cnp.dscp",
+            "70",
+        ),
+        (
+            json!({"qos": {"cnp": {"priority": 8}}}),
+            "spec.qos.cnp.priority",
+            "8",
+        ),
+        (json!({"qos": {"mtu": 1279}}), "spec.qos.mtu", "1279"),
+        (json!({"qos": {"mtu": 9217}}), "spec.qos.mtu", "9217"),
+        (json!({"qos": {"trust": "pfc"}}), "spec.qos.trust", "pfc"),
+        (
+            json!({"sharedMemory": {"regionSize": "1Gi", "maxRegions": 0}}),
+            "spec.sharedMemory.maxRegions",
+            "0",
+        ),
+        (
+            json!({"sharedMemory": {"regionSize": "1Gi", "maxRegions": 1048577}}),
+            "spec.sharedMemory.maxRegions",
+            "1048577",
+        ),
+        (
+            json!({"sharedMemory": {"regionSize": "1Gi"}}),
+            "spec.sharedMemory",
+            "maxRegions",
+        ),
+    ];
+    for (spec, field, value) in cases {
+        assert_rejected(spec, field, value);
+    }
+}
+
+#[test]
+fn roce_priority_must_be_pfc_enabled() {
+    let msg = "rocePriority must be one of pfcPriorities";
+    assert_rejected(
+        json!({"qos": {"rocePriority": 4}}),
+        "spec.qos.rocePriority",
+        msg,
+    );
+    assert_rejected(
+        json!({"qos": {"pfcPriorities": [4]}}),
+        "spec.qos.rocePriority",
+        msg,
+    );
+    assert!(errors(json!({"qos": {"rocePriority": 4, "pfcPriorities": [3, 4]}})).is_empty());
+    let typed = RoceFabric::new(
+        "f",
+        RoceFabricSpec {
+            qos: QosSpec {
+                roce_priority: 5,
+                ..QosSpec::default()
+            },
+            ..RoceFabricSpec::default()
+        },
+    );
+    let err = typed
+        .validate_cel()
+        .expect_err("kube's client-side CEL rejects it too");
+    assert!(err.to_string().contains(msg), "{err}");
+}
+
+#[test]
+fn cnp_dscp_must_differ_from_roce_dscp() {
+    let msg = "cnp.dscp must differ from roceDscp";
+    assert_rejected(
+        json!({"qos": {"cnp": {"dscp": 26}}}),
+        "spec.qos.cnp.dscp",
+        msg,
+    );
+    assert_rejected(json!({"qos": {"roceDscp": 48}}), "spec.qos.cnp.dscp", msg);
+    assert!(errors(json!({"qos": {"roceDscp": 48, "cnp": {"dscp": 46}}})).is_empty());
+}
+
+#[test]
+fn ecn_priorities_must_be_within_0_to_7() {
+    let msg = "every ECN priority must be within 0..7";
+    assert_rejected(
+        json!({"qos": {"ecn": {"priorities": [3, 8]}}}),
+        "spec.qos.ecn.priorities",
+        msg,
+    );
+    assert_rejected(
+        json!({"qos": {"ecn": {"priorities": [-1]}}}),
+        "spec.qos.ecn.priorities",
+        msg,
+    );
+    assert!(errors(json!({"qos": {"ecn": {"priorities": [0, 7]}}})).is_empty());
+}
+
+#[test]
+fn region_size_must_be_positive_whole_pages() {
+    let msg = "regionSize must be a positive quantity of whole 4096-byte pages";
+    for bad in ["1000", "0", "6Ki", "1.5"] {
+        assert_rejected(
+            json!({"sharedMemory": {"regionSize": bad, "maxRegions": 8}}),
+            "spec.sharedMemory.regionSize",
+            msg,
+        );
+    }
+    for good in ["4Ki", "1Gi", "2Mi", "8192"] {
+        let errs = errors(json!({"sharedMemory": {"regionSize": good, "maxRegions": 8}}));
+        assert!(errs.is_empty(), "{good}: {errs:?}");
+    }
+}
+
+#[test]
+fn max_unavailable_is_a_positive_integer_or_percentage() {
+    let msg = "maxUnavailable must be an integer of at least 1 or a percentage";
+    for bad in [json!(0), json!("0%"), json!("101%"), json!("ten")] {
+        assert_rejected(
+            json!({"rollout": {"maxUnavailable": bad}}),
+            "spec.rollout.maxUnavailable",
+            msg,
+        );
+    }
+    for good in [json!(1), json!(25), json!("10%"), json!("100%")] {
+        let errs = errors(json!({"rollout": {"maxUnavailable": good}}));
+        assert!(errs.is_empty(), "{good}: {errs:?}");
+    }
+}
+
+#[test]
+fn nic_selector_hex_typos_are_rejected() {
+    assert_rejected(
+        json!({"nicSelector": {"vendors": ["mellanox"]}}),
+        "spec.nicSelector.vendors",
+        "\"mellanox\"",
+    );
+}
+
+#[test]
+fn rollout_budget_rounds_percentages_up_and_is_at_least_one() {
+    let r = |v: Value| -> rocefabric_api::RolloutSpec {
+        serde_json::from_value(json!({ "maxUnavailable": v })).expect("parses")
+    };
+    assert_eq!(r(json!("10%")).budget(100), 10);
+    assert_eq!(r(json!("10%")).budget(5), 1);
+    assert_eq!(r(json!("25%")).budget(10), 3);
+    assert_eq!(r(json!(4)).budget(2), 4);
+    assert_eq!(r(json!("100%")).budget(0), 1);
+}
+
+#[test]
+fn qos_block_alone_is_validated_with_the_same_rules() {
+    let q = validate::qos_value(&json!({"roceDscp": 24, "pfcPriorities": [3]})).expect("valid");
+    assert_eq!(q.roce_dscp, 24);
+    let e = validate::qos_value(&json!({"mtu": 100})).expect_err("mtu too small");
+    assert_eq!(e.errors[0].field, "mtu");
+    assert!(e.to_string().contains("100"), "{e}");
+}
