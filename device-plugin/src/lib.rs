@@ -8,3 +8,6 @@
 pub mod cli;
 pub mod model;
 pub mod kubelet;
+pub mod allocation;
+pub mod config;
+pub mod topology;
