@@ -11,3 +11,5 @@ pub mod kubelet;
 pub mod allocation;
 pub mod config;
 pub mod topology;
+pub mod fixtures;
+pub mod inventory;

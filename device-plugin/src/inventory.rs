@@ -1,0 +1,373 @@
+//! Discovery of RoCE HCAs and NVIDIA GPUs from a sysfs tree. Pure over a root directory (`/sys`
+//! on a host, a fixture tree in tests): no global state, nothing but reads below the root.
+//!
+//! - HCAs: every `class/infiniband/<ibdev>` whose first Ethernet-link-layer port makes it a RoCE
+//!   device, whatever the vendor, kept when the [`NicSelector`] matches. iWARP devices
+//!   (`node_type` `4: RNIC`, also Ethernet link layer) are not RoCE and are left out. A device
+//!   with several Ethernet ports is served through its lowest-numbered one (its PCI address is its
+//!   device ID). The RoCE v2 GID index is the lowest index whose `gid_attrs/types` is `RoCE v2`,
+//!   whose GID is IPv4-mapped and whose `gid_attrs/ndevs` is the port's netdev: never assumed.
+//! - GPUs: every PCI function of vendor 0x10de with class 0x0300xx (VGA) or 0x0302xx (3D), indexed
+//!   in PCI address order (the NVIDIA driver's enumeration on a normal system, so GPU `N` is
+//!   `/dev/nvidiaN`).
+//! - An unreadable or malformed device attribute (vendor, numa_node, port state, ...) skips that
+//!   one device with a warning; discovery of the others goes on. GID table entries are different:
+//!   the kernel fails reads of unused entries by design, so an unreadable or malformed entry only
+//!   skips that index.
+
+use std::fs;
+use std::io;
+use std::net::Ipv6Addr;
+use std::path::{Path, PathBuf};
+
+use rocefabric_api::{NicIdentity, NicSelector};
+use tracing::{debug, warn};
+
+use crate::model::{Gpu, Hca, Health, Inventory, PortState};
+use crate::topology::is_bdf;
+
+/// PCI vendor id of NVIDIA.
+pub const NVIDIA_VENDOR: u16 = 0x10de;
+
+/// Discovery as a whole failed (individual devices never fail it).
+#[derive(Debug, thiserror::Error)]
+pub enum DiscoverError {
+    #[error("sysfs root {path} is not a readable directory: {source}")]
+    Root {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Why one device was skipped.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    #[error("failed to read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("malformed {path}: {value:?} ({expected})")]
+    Malformed { path: PathBuf, value: String, expected: &'static str },
+}
+
+fn read(path: &Path) -> Result<String, DeviceError> {
+    fs::read_to_string(path).map_err(|source| DeviceError::Read { path: path.to_path_buf(), source })
+}
+
+fn malformed(path: &Path, value: &str, expected: &'static str) -> DeviceError {
+    DeviceError::Malformed { path: path.to_path_buf(), value: value.to_string(), expected }
+}
+
+/// `"0x15b3\n"` -> 0x15b3.
+fn read_hex16(path: &Path) -> Result<u16, DeviceError> {
+    let text = read(path)?;
+    let t = text.trim();
+    t.strip_prefix("0x")
+        .filter(|d| !d.is_empty() && d.len() <= 4)
+        .and_then(|d| u16::from_str_radix(d, 16).ok())
+        .ok_or_else(|| malformed(path, t, "a 16-bit hex id such as 0x15b3"))
+}
+
+/// `"0x030200\n"` -> 0x030200.
+fn read_class(path: &Path) -> Result<u32, DeviceError> {
+    let text = read(path)?;
+    let t = text.trim();
+    t.strip_prefix("0x")
+        .filter(|d| !d.is_empty() && d.len() <= 6)
+        .and_then(|d| u32::from_str_radix(d, 16).ok())
+        .ok_or_else(|| malformed(path, t, "a 24-bit hex class such as 0x030200"))
+}
+
+/// `numa_node`: `"-1\n"` (or no file, on kernels without NUMA) -> `None`.
+fn read_numa(func: &Path) -> Result<Option<u32>, DeviceError> {
+    let path = func.join("numa_node");
+    let text = match fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => return Err(DeviceError::Read { path, source }),
+    };
+    let t = text.trim();
+    let n: i64 = t.parse().map_err(|_| malformed(&path, t, "a decimal NUMA node or -1"))?;
+    match n {
+        n if n < 0 => Ok(None),
+        n => u32::try_from(n).map(Some).map_err(|_| malformed(&path, t, "a decimal NUMA node or -1")),
+    }
+}
+
+/// `"4: ACTIVE\n"` -> `Active`.
+fn read_port_state(path: &Path) -> Result<PortState, DeviceError> {
+    let text = read(path)?;
+    let t = text.trim();
+    let num = t
+        .split_once(':')
+        .and_then(|(n, _)| n.trim().parse::<u32>().ok())
+        .ok_or_else(|| malformed(path, t, "\"<number>: <NAME>\" such as \"4: ACTIVE\""))?;
+    Ok(match num {
+        0 => PortState::Nop,
+        1 => PortState::Down,
+        2 => PortState::Init,
+        3 => PortState::Armed,
+        4 => PortState::Active,
+        5 => PortState::ActiveDefer,
+        _ => PortState::Unknown,
+    })
+}
+
+/// Entries of a directory, sorted by name; a missing directory is empty.
+fn dir_names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(dir)
+        .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// Entries of a directory whose names are numbers, sorted numerically.
+fn numbered(dir: &Path) -> Vec<u32> {
+    let mut nums: Vec<u32> = dir_names(dir).iter().filter_map(|n| n.parse().ok()).collect();
+    nums.sort_unstable();
+    nums
+}
+
+/// A resolved PCI function: address, realpath relative to the sysfs root (`/devices/...`).
+struct PciFn {
+    dir: PathBuf,
+    address: String,
+    pci_path: String,
+}
+
+fn resolve_function(root: &Path, link: &Path) -> Result<PciFn, DeviceError> {
+    let dir = fs::canonicalize(link)
+        .map_err(|source| DeviceError::Read { path: link.to_path_buf(), source })?;
+    let address = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    if !is_bdf(&address) {
+        return Err(malformed(link, &dir.to_string_lossy(), "a link to a PCI function dddd:bb:dd.f"));
+    }
+    let rel = dir.strip_prefix(root).map_err(|_| {
+        malformed(link, &dir.to_string_lossy(), "a PCI function below the sysfs root")
+    })?;
+    let pci_path = format!("/{}", rel.to_string_lossy());
+    Ok(PciFn { dir, address, pci_path })
+}
+
+/// Discover HCAs (narrowed by `selector`) and GPUs under `sysfs_root`.
+pub fn discover(sysfs_root: &Path, selector: &NicSelector) -> Result<Inventory, DiscoverError> {
+    let root = fs::canonicalize(sysfs_root)
+        .and_then(|r| if r.is_dir() { Ok(r) } else { Err(io::Error::other("not a directory")) })
+        .map_err(|source| DiscoverError::Root { path: sysfs_root.to_path_buf(), source })?;
+    let mut hcas: Vec<Hca> = Vec::new();
+    for name in dir_names(&root.join("class/infiniband")) {
+        match read_hca(&root, &name, selector) {
+            Ok(Some(hca)) => {
+                if let Some(other) = hcas.iter().find(|h| h.pci_address == hca.pci_address) {
+                    warn!(
+                        rdma_device = %hca.name,
+                        pci_address = %hca.pci_address,
+                        kept = %other.name,
+                        "skipping RDMA device: another RoCE device already uses its PCI function"
+                    );
+                } else {
+                    hcas.push(hca);
+                }
+            }
+            Ok(None) => {}
+            Err(error) => warn!(rdma_device = %name, %error, "skipping RDMA device"),
+        }
+    }
+    hcas.sort_by(|a, b| a.pci_address.cmp(&b.pci_address));
+
+    let mut gpus: Vec<Gpu> = Vec::new();
+    for address in dir_names(&root.join("bus/pci/devices")) {
+        match read_gpu(&root, &address) {
+            Ok(Some(gpu)) => gpus.push(gpu),
+            Ok(None) => {}
+            Err(error) => warn!(pci_address = %address, %error, "skipping PCI function"),
+        }
+    }
+    gpus.sort_by(|a, b| a.pci_address.cmp(&b.pci_address));
+    for (i, g) in gpus.iter_mut().enumerate() {
+        g.index = u32::try_from(i).unwrap_or(u32::MAX);
+    }
+    debug!(hcas = hcas.len(), gpus = gpus.len(), root = %root.display(), "discovery done");
+    Ok(Inventory { hcas, gpus })
+}
+
+fn read_hca(root: &Path, name: &str, selector: &NicSelector) -> Result<Option<Hca>, DeviceError> {
+    let ib = root.join("class/infiniband").join(name);
+    let node_type_path = ib.join("node_type");
+    match fs::read_to_string(&node_type_path) {
+        Ok(t) if t.trim_start().starts_with("4:") => {
+            debug!(rdma_device = %name, "not RoCE: iWARP (RNIC) device");
+            return Ok(None);
+        }
+        Ok(_) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(source) => return Err(DeviceError::Read { path: node_type_path, source }),
+    }
+    let mut roce_port = None;
+    for port in numbered(&ib.join("ports")) {
+        let path = ib.join("ports").join(port.to_string()).join("link_layer");
+        if read(&path)?.trim() == "Ethernet" {
+            roce_port = Some(port);
+            break;
+        }
+    }
+    let Some(port) = roce_port else {
+        debug!(rdma_device = %name, "not RoCE: no Ethernet link layer port");
+        return Ok(None);
+    };
+    let port_dir = ib.join("ports").join(port.to_string());
+    let func = resolve_function(root, &ib.join("device"))?;
+    let vendor = read_hex16(&func.dir.join("vendor"))?;
+    let device_id = read_hex16(&func.dir.join("device"))?;
+    let numa_node = read_numa(&func.dir)?;
+    let state = read_port_state(&port_dir.join("state"))?;
+    let netdev = port_netdev(&ib, &port_dir, port);
+    let identity = NicIdentity {
+        vendor,
+        device_id,
+        pci_address: &func.address,
+        rdma_device: name,
+        netdev: netdev.as_deref(),
+    };
+    if !selector.matches(&identity) {
+        debug!(rdma_device = %name, pci_address = %func.address, "not selected");
+        return Ok(None);
+    }
+    let uverbs = find_uverbs(root, &func.dir, name);
+    let roce_v2_gid_index = netdev.as_deref().and_then(|n| roce_v2_ipv4_gid_index(&port_dir, n));
+    let health = if state == PortState::Active && uverbs.is_some() {
+        Health::Healthy
+    } else {
+        Health::Unhealthy
+    };
+    Ok(Some(Hca {
+        name: name.to_string(),
+        pci_address: func.address,
+        vendor,
+        device_id,
+        port,
+        netdev,
+        numa_node,
+        state,
+        uverbs,
+        roce_v2_gid_index,
+        health,
+        pci_path: func.pci_path,
+    }))
+}
+
+/// The netdev of RoCE port `port`: the function's only netdev, else the one the port's GID
+/// table names, else the one whose `dev_port` is `port - 1`.
+fn port_netdev(ib: &Path, port_dir: &Path, port: u32) -> Option<String> {
+    let net = ib.join("device/net");
+    let candidates = dir_names(&net);
+    if let [only] = candidates.as_slice() {
+        return Some(only.clone());
+    }
+    let ndevs = port_dir.join("gid_attrs/ndevs");
+    for i in numbered(&ndevs) {
+        let Ok(text) = fs::read_to_string(ndevs.join(i.to_string())) else { continue };
+        let n = text.trim();
+        if !n.is_empty() && (candidates.is_empty() || candidates.iter().any(|c| c == n)) {
+            return Some(n.to_string());
+        }
+    }
+    let by_dev_port = candidates.iter().find(|c| {
+        fs::read_to_string(net.join(c).join("dev_port"))
+            .is_ok_and(|t| t.trim().parse::<u32>().ok() == Some(port.saturating_sub(1)))
+    });
+    by_dev_port.or(candidates.first()).cloned()
+}
+
+/// `uverbsN` of `ibdev`: from the function's `infiniband_verbs/`, else `class/infiniband_verbs/`.
+fn find_uverbs(root: &Path, func: &Path, ibdev: &str) -> Option<String> {
+    for dir in [func.join("infiniband_verbs"), root.join("class/infiniband_verbs")] {
+        for entry in dir_names(&dir).into_iter().filter(|n| n.starts_with("uverbs")) {
+            let owner = fs::read_to_string(dir.join(&entry).join("ibdev"));
+            if owner.is_ok_and(|o| o.trim() == ibdev) {
+                return Some(entry);
+            }
+        }
+    }
+    None
+}
+
+/// Parse a sysfs GID (`0000:...:ffff:0ac8:010a`).
+fn parse_gid(text: &str) -> Option<Ipv6Addr> {
+    let groups: Vec<u16> =
+        text.trim().split(':').map(|g| u16::from_str_radix(g, 16).ok()).collect::<Option<_>>()?;
+    let g: [u16; 8] = groups.try_into().ok()?;
+    Some(Ipv6Addr::from(g))
+}
+
+/// The lowest GID index of `port_dir` that is `RoCE v2`, IPv4-mapped and bound to `netdev`.
+pub fn roce_v2_ipv4_gid_index(port_dir: &Path, netdev: &str) -> Option<u32> {
+    let types = port_dir.join("gid_attrs/types");
+    let mut indexes = numbered(&types);
+    if indexes.is_empty() {
+        indexes = numbered(&port_dir.join("gids"));
+    }
+    for i in indexes {
+        let idx = i.to_string();
+        // Unused entries fail to read (EINVAL): not an error, just not this index.
+        let Ok(kind) = fs::read_to_string(types.join(&idx)) else { continue };
+        if kind.trim() != "RoCE v2" {
+            continue;
+        }
+        let gid_path = port_dir.join("gids").join(&idx);
+        let Ok(gid_text) = fs::read_to_string(&gid_path) else { continue };
+        let Some(gid) = parse_gid(&gid_text) else {
+            warn!(path = %gid_path.display(), value = %gid_text.trim(), "skipping malformed GID entry");
+            continue;
+        };
+        if gid.to_ipv4_mapped().is_none_or(|v4| v4.is_unspecified()) {
+            continue;
+        }
+        let Ok(ndev) = fs::read_to_string(port_dir.join("gid_attrs/ndevs").join(&idx)) else {
+            continue;
+        };
+        if ndev.trim() == netdev {
+            return Some(i);
+        }
+    }
+    None
+}
+
+fn read_gpu(root: &Path, address: &str) -> Result<Option<Gpu>, DeviceError> {
+    let link = root.join("bus/pci/devices").join(address);
+    if read_hex16(&link.join("vendor"))? != NVIDIA_VENDOR {
+        return Ok(None);
+    }
+    let class = read_class(&link.join("class"))?;
+    if !matches!(class >> 8, 0x0300 | 0x0302) {
+        return Ok(None);
+    }
+    let func = resolve_function(root, &link)?;
+    let device_id = read_hex16(&func.dir.join("device"))?;
+    let numa_node = read_numa(&func.dir)?;
+    Ok(Some(Gpu {
+        pci_address: func.address,
+        index: 0,
+        device_id,
+        numa_node,
+        health: Health::Healthy,
+        pci_path: func.pci_path,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gid_parsing() {
+        let g = parse_gid("0000:0000:0000:0000:0000:ffff:0ac8:010a\n").unwrap();
+        assert_eq!(g.to_ipv4_mapped().unwrap().to_string(), "10.200.1.10");
+        assert!(parse_gid("fe80::1").is_none());
+        assert!(parse_gid("zzzz:0000:0000:0000:0000:ffff:0ac8:010a").is_none());
+    }
+}
