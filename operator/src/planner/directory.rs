@@ -1,0 +1,70 @@
+//! The per-namespace region directory: ConfigMap `<fabric>-regions` with one key,
+//! [`DIRECTORY_KEY`], holding a JSON array of the namespace's regions, one object per line,
+//! sorted by id:
+//!
+//! ```text
+//! [
+//! {"pod":"trainer-0","node":"dgx-001","podIP":"10.1.2.3","id":0,"base":0,"size":1073741824},
+//! {"pod":"trainer-1","id":1,"base":1073741824,"size":1073741824}
+//! ]
+//! ```
+//!
+//! `node` and `podIP` are left out until the pod is scheduled and has an address.
+//!
+//! # Scale
+//!
+//! One entry is at most [`MAX_ENTRY_BYTES`] (642) bytes: a 253-character pod name and node name,
+//! a 39-character IPv6 address, a 7-digit id and 20-digit base and size. Typical entries
+//! (names under 63 characters, IPv4) take about 150 bytes. The documented scale is
+//! [`DOCUMENTED_REGIONS_PER_NAMESPACE`] (1,000) regions per namespace per fabric: at most
+//! 642,000 bytes with worst-case names, about 150 KB with typical ones, well under the 1 MiB
+//! object limit. A directory that would exceed [`MAX_DIRECTORY_BYTES`] (900 KiB, about 1,400
+//! worst-case or 6,000 typical entries) is not written; the fabric reports
+//! `RegionDirectoryTooLarge` instead and the previous directory stays.
+
+use serde::{Deserialize, Serialize};
+
+/// The ConfigMap key holding the directory.
+pub const DIRECTORY_KEY: &str = "regions.json";
+/// Largest directory the planner writes, in bytes of data.
+pub const MAX_DIRECTORY_BYTES: usize = 900 * 1024;
+/// Largest possible entry line (with its separator), in bytes.
+pub const MAX_ENTRY_BYTES: usize = 642;
+/// Regions per namespace per fabric the directory is sized for.
+pub const DOCUMENTED_REGIONS_PER_NAMESPACE: usize = 1_000;
+
+/// One region of the directory.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DirectoryEntry {
+    pub pod: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    #[serde(default, rename = "podIP", skip_serializing_if = "Option::is_none")]
+    pub pod_ip: Option<String>,
+    pub id: u32,
+    pub base: u64,
+    pub size: u64,
+}
+
+/// Render entries (sorted by id by the caller) as the directory text.
+pub fn render(entries: &[DirectoryEntry]) -> String {
+    let mut out = String::with_capacity(4 + entries.len() * 160);
+    out.push_str("[\n");
+    for (i, e) in entries.iter().enumerate() {
+        if i > 0 {
+            out.push_str(",\n");
+        }
+        out.push_str(
+            &serde_json::to_string(e)
+                .unwrap_or_else(|_| unreachable!("strings and integers serialize")),
+        );
+    }
+    out.push_str("\n]\n");
+    out
+}
+
+/// Parse a directory text; `None` when it is not one.
+pub fn parse(text: &str) -> Option<Vec<DirectoryEntry>> {
+    serde_json::from_str(text).ok()
+}

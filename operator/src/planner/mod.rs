@@ -1,0 +1,355 @@
+//! The operator's decisions, as one pure function over a snapshot of the world.
+//!
+//! [`plan`] selects each fabric's nodes (the older fabric wins a node two select), paces the
+//! rollout of RoceNode specs, assigns shared memory regions to pods, builds the per-namespace
+//! region directories and aggregates every fabric's status. It returns the exact writes that
+//! bring the cluster there, diffed against the snapshot: a world that already matches yields
+//! none. The shell executes the writes in order.
+//!
+//! Steps, one module each: `selection` (validity, selectors, node ownership), `rollout` (RoceNode
+//! specs and pacing), `pods` (regions and directories, over [`crate::regions`]), `status`
+//! (counts, conditions, Events), `writes` (the write list and the objects it implies).
+
+pub mod directory;
+mod pods;
+mod report;
+mod rollout;
+mod selection;
+mod status;
+mod world;
+pub mod writes;
+
+pub use report::{
+    FabricReport, FieldErrorReport, NodeAction, NodeReport, NodeState, PlanReport, RegionChange,
+    RegionReport, WaitingPod,
+};
+pub use status::{MAX_CONFLICTING_LISTED, REGION_DIRECTORY_TOO_LARGE, REGION_REQUEST_INVALID};
+pub use world::{PlanOptions, World};
+pub use writes::{Event, EventType, Write};
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use rocefabric_api::constants::FABRIC_LABEL;
+use rocefabric_api::{RegionCounts, RoceNode};
+
+use crate::regions::FreedRegions;
+use pods::{PodRef, RegionsOutcome};
+use rollout::{count, node_name};
+use selection::FabricView;
+
+/// The outcome of one planning pass.
+#[derive(Clone, Debug, Default)]
+pub struct Plan {
+    /// The writes to execute, in order: RoceNode deletions, RoceNode applies (by node name), pod
+    /// writes (by namespace and name; each pod's annotation before its gate removal), region
+    /// directories, fabric statuses (by name), then Events.
+    pub writes: Vec<Write>,
+    pub report: PlanReport,
+    /// The allocator memory to put into the next pass's [`World::freed`].
+    pub freed: FreedRegions,
+    /// Plan again after this long even if nothing changes (a freed window leaves its grace
+    /// period).
+    pub requeue_after: Option<Duration>,
+}
+
+/// Plan one pass over `world`.
+pub fn plan(world: &World, opts: &PlanOptions) -> Plan {
+    let now = Time(world.now);
+    let fabrics: Vec<FabricView<'_>> = world.fabrics.iter().map(FabricView::new).collect();
+    let age = selection::age_order(&fabrics);
+    let fabric_by_name: HashMap<&str, usize> = fabrics
+        .iter()
+        .enumerate()
+        .map(|(i, f)| (f.name, i))
+        .collect();
+    let mut nodes_by_name: Vec<usize> = (0..world.nodes.len()).collect();
+    nodes_by_name.sort_by(|&a, &b| node_name(&world.nodes[a]).cmp(node_name(&world.nodes[b])));
+    let node_exists: HashMap<&str, usize> = world
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (node_name(n), i))
+        .collect();
+    let roce_nodes: HashMap<&str, &RoceNode> = world
+        .roce_nodes
+        .iter()
+        .map(|rn| (rn.metadata.name.as_deref().unwrap_or_default(), rn))
+        .collect();
+    let own = selection::assign_nodes(&fabrics, &age, &world.nodes, &nodes_by_name);
+
+    // Route every live pod to the fabric whose region it holds or gets.
+    let mut fabric_pods: Vec<Vec<PodRef<'_>>> = (0..fabrics.len()).map(|_| Vec::new()).collect();
+    for pod in world.pods.iter().filter(|p| pods::is_live(p)) {
+        let p = PodRef::new(pod);
+        let recorded = match &p.annotation {
+            Some(Ok(a)) => fabric_by_name.get(a.fabric.as_str()).copied(),
+            _ => None,
+        };
+        let target = match recorded {
+            // A fabric that cannot be planned now keeps its pods as they are.
+            Some(f) if !fabrics[f].active() => continue,
+            Some(f) if fabrics[f].selects_pod(pod) => Some(f),
+            _ => age.iter().copied().find(|&f| fabrics[f].selects_pod(pod)),
+        };
+        if let Some(f) = target.filter(|&f| fabrics[f].active()) {
+            fabric_pods[f].push(p);
+        }
+    }
+
+    // Existing region directories by fabric name, then namespace.
+    let mut directories: BTreeMap<&str, BTreeMap<&str, &ConfigMap>> = BTreeMap::new();
+    for cm in &world.config_maps {
+        let Some(fabric) = cm
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(FABRIC_LABEL))
+        else {
+            continue;
+        };
+        if cm.metadata.name.as_deref() != Some(writes::region_directory_name(fabric).as_str()) {
+            continue;
+        }
+        directories
+            .entry(fabric)
+            .or_default()
+            .insert(cm.metadata.namespace.as_deref().unwrap_or_default(), cm);
+    }
+
+    let mut roce_node_writes = Vec::new();
+    let mut pod_writes = Vec::new();
+    let mut directory_writes = Vec::new();
+    let mut status_writes = Vec::new();
+    let mut fabric_events = Vec::new();
+    let mut pod_events = Vec::new();
+    let mut freed = FreedRegions::default();
+    let mut report = PlanReport::default();
+    let mut node_reports: Vec<NodeReport> = Vec::new();
+    let no_dirs = BTreeMap::new();
+
+    let mut by_name: Vec<usize> = (0..fabrics.len()).collect();
+    by_name.sort_by_key(|&f| fabrics[f].name);
+    for &fi in &by_name {
+        let f = &fabrics[fi];
+        let owned = &own.owned[fi];
+        let mut fr = FabricReport {
+            name: f.name.to_string(),
+            generation: f.generation,
+            valid: f.errors.is_empty(),
+            errors: f
+                .errors
+                .iter()
+                .map(|e| FieldErrorReport {
+                    field: e.field.clone(),
+                    message: e.message.clone(),
+                })
+                .collect(),
+            deleting: f.deleting,
+            selected_nodes: count(owned.len()),
+            conflicting_nodes: count(own.conflicting[fi].len()),
+            region_capacity: f.pods.as_ref().map_or(0, |p| p.geometry.max_regions),
+            ..FabricReport::default()
+        };
+        if !f.active() {
+            if let Some(old) = world.freed.fabrics.get(f.name) {
+                freed.fabrics.insert(f.name.to_string(), old.clone());
+            }
+            if !f.deleting {
+                let (write, events) = status::invalid_status(f, &now);
+                status_writes.extend(write);
+                fabric_events.extend(events);
+            }
+            if opts.detailed_report {
+                node_reports.extend(owned.iter().map(|&n| NodeReport {
+                    name: node_name(&world.nodes[n]).to_string(),
+                    fabric: f.name.to_string(),
+                    conflicts_with: Vec::new(),
+                    action: NodeAction::Untouched,
+                    state: NodeState::Pending,
+                }));
+            }
+            report.fabrics.push(fr);
+            continue;
+        }
+
+        let r = rollout::plan_rollout(f, owned, &world.nodes, &roce_nodes);
+        roce_node_writes.extend(r.writes);
+        if opts.detailed_report {
+            node_reports.extend(owned.iter().zip(&r.nodes).map(|(&n, &(action, state))| {
+                NodeReport {
+                    name: node_name(&world.nodes[n]).to_string(),
+                    fabric: f.name.to_string(),
+                    conflicts_with: Vec::new(),
+                    action,
+                    state,
+                }
+            }));
+        }
+
+        let fabric_dirs = directories.get(f.name).unwrap_or(&no_dirs);
+        let regions = match &f.pods {
+            Some(sel) => pods::plan_regions(
+                f,
+                sel.geometry,
+                std::mem::take(&mut fabric_pods[fi]),
+                fabric_dirs,
+                world.freed.fabrics.get(f.name),
+                world.now,
+                opts.region_grace,
+                opts.detailed_report,
+            ),
+            None => {
+                // No shared memory (any more): its directories go.
+                let mut out = RegionsOutcome::default();
+                out.directory_writes.extend(fabric_dirs.keys().map(|ns| {
+                    Write::DeleteRegionDirectory {
+                        namespace: ns.to_string(),
+                        fabric: f.name.to_string(),
+                    }
+                }));
+                out
+            }
+        };
+        let region_counts = RegionCounts {
+            allocated: regions.live_slots,
+            capacity: fr.region_capacity,
+        };
+        let conflicting: Vec<(String, String)> = own.conflicting[fi]
+            .iter()
+            .map(|&n| {
+                let owner = own.owner[n].map(|o| fabrics[o].name).unwrap_or_default();
+                (node_name(&world.nodes[n]).to_string(), owner.to_string())
+            })
+            .collect();
+        let facts = status::Facts {
+            selected: r.selected,
+            configured: r.configured,
+            failed: r.failed,
+            in_progress: r.in_progress,
+            waiting: r.waiting,
+            budget: r.budget,
+            blocked: r.blocked,
+            failed_names: r.failed_names,
+            conflicting,
+            regions: region_counts,
+            exhausted: regions.exhausted,
+            bad_requests: regions.bad_requests,
+            too_large: regions.too_large,
+        };
+        let (write, events) = status::valid_status(f, &facts, &now);
+        status_writes.extend(write);
+        fabric_events.extend(events);
+
+        fr.configured_nodes = r.configured;
+        fr.failed_nodes = r.failed;
+        fr.in_progress_nodes = r.in_progress;
+        fr.waiting_nodes = r.waiting;
+        fr.rollout_budget = r.budget;
+        fr.rollout_blocked = r.blocked;
+        fr.traffic_class = Some(f.obj.spec.qos.traffic_class());
+        fr.regions_allocated = regions.live_slots;
+        fr.region_count = regions.region_count;
+        fr.pods_waiting = count(facts.exhausted.len() + facts.bad_requests.len());
+        fr.regions_cooling = regions.cooling_slots;
+        report.fabrics.push(fr);
+        report.regions.extend(regions.regions);
+        report.waiting_pods.extend(regions.waiting);
+        pod_writes.extend(regions.pod_writes);
+        directory_writes.extend(regions.directory_writes);
+        pod_events.extend(regions.events);
+        if f.pods.is_some() {
+            freed.fabrics.insert(f.name.to_string(), regions.ledger);
+        }
+    }
+
+    // RoceNodes no fabric keeps: the node is gone, left every selection, or its fabric is gone.
+    let mut deletes = Vec::new();
+    for (name, rn) in &roce_nodes {
+        let node = node_exists.get(name).copied();
+        if node.is_some_and(|n| own.owner[n].is_some()) {
+            continue; // its owner applies (or deliberately leaves) it
+        }
+        let recorded = fabric_by_name
+            .get(rn.spec.fabric.as_str())
+            .map(|&f| &fabrics[f]);
+        if node.is_some() && recorded.is_some_and(|f| !f.active()) {
+            continue; // an invalid or deleting fabric's node stays as it is
+        }
+        deletes.push(name.to_string());
+    }
+    deletes.sort();
+
+    // Directories of fabrics that no longer exist.
+    for (fabric, dirs) in &directories {
+        if !fabric_by_name.contains_key(fabric) {
+            directory_writes.extend(dirs.keys().map(|ns| Write::DeleteRegionDirectory {
+                namespace: ns.to_string(),
+                fabric: fabric.to_string(),
+            }));
+        }
+    }
+
+    roce_node_writes.sort_by(|a, b| write_name(a).cmp(write_name(b)));
+    pod_writes.sort_by(|a, b| a.0.cmp(&b.0));
+    directory_writes.sort_by(|a, b| directory_order(a).cmp(&directory_order(b)));
+    let mut writes: Vec<Write> = deletes
+        .iter()
+        .map(|name| Write::DeleteRoceNode { name: name.clone() })
+        .collect();
+    writes.extend(roce_node_writes);
+    writes.extend(pod_writes.into_iter().flat_map(|(_, w)| w));
+    writes.extend(directory_writes);
+    writes.extend(status_writes);
+    writes.extend(fabric_events.into_iter().map(Write::Event));
+    writes.extend(pod_events.into_iter().map(Write::Event));
+
+    if opts.detailed_report {
+        for nr in &mut node_reports {
+            if let Some(&n) = node_exists.get(nr.name.as_str())
+                && let Some(losers) = own.losers.get(&n)
+            {
+                nr.conflicts_with = losers
+                    .iter()
+                    .map(|&f| fabrics[f].name.to_string())
+                    .collect();
+            }
+        }
+        node_reports.sort_by(|a, b| a.name.cmp(&b.name));
+        report.nodes = node_reports;
+        report
+            .regions
+            .sort_by(|a, b| (&a.namespace, &a.pod).cmp(&(&b.namespace, &b.pod)));
+        report
+            .waiting_pods
+            .sort_by(|a, b| (&a.namespace, &a.pod).cmp(&(&b.namespace, &b.pod)));
+    }
+    report.deleted_roce_nodes = deletes;
+
+    let requeue_after = freed.next_expiry(world.now);
+    Plan {
+        writes,
+        report,
+        freed,
+        requeue_after,
+    }
+}
+
+fn write_name(w: &Write) -> &str {
+    match w {
+        Write::ApplyRoceNode { name, .. } | Write::DeleteRoceNode { name } => name,
+        _ => "",
+    }
+}
+
+fn directory_order(w: &Write) -> (&str, &str) {
+    match w {
+        Write::ApplyRegionDirectory {
+            namespace, fabric, ..
+        }
+        | Write::DeleteRegionDirectory { namespace, fabric } => (namespace, fabric),
+        _ => ("", ""),
+    }
+}

@@ -1,0 +1,433 @@
+//! Per fabric: rebuild the region map from the pods' annotations, cool down freed windows,
+//! assign windows to new pods, and render the namespaces' directories.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Pod};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use rocefabric_api::constants::{
+    REGION_ANNOTATION, REGION_SCHEDULING_GATE, REGION_SIZE_ANNOTATION, reason,
+};
+
+use super::directory::{self, DIRECTORY_KEY, DirectoryEntry, MAX_DIRECTORY_BYTES};
+use super::report::{RegionChange, RegionReport, WaitingPod};
+use super::selection::FabricView;
+use super::writes::{Event, EventType, Write};
+use crate::regions::{self, Cooling, Geometry, Ledger, Outcome, RegionAssignment, Request, Slots};
+
+/// A live pod routed to a fabric.
+pub(crate) struct PodRef<'w> {
+    pub pod: &'w Pod,
+    pub namespace: &'w str,
+    pub name: &'w str,
+    pub created: Option<Timestamp>,
+    /// The parsed `rocefabric.io/region` annotation, when present.
+    pub annotation: Option<Result<RegionAssignment, regions::RegionError>>,
+}
+
+impl<'w> PodRef<'w> {
+    pub fn new(pod: &'w Pod) -> Self {
+        let meta = &pod.metadata;
+        Self {
+            pod,
+            namespace: meta.namespace.as_deref().unwrap_or_default(),
+            name: meta.name.as_deref().unwrap_or_default(),
+            created: meta.creation_timestamp.as_ref().map(|t| t.0),
+            annotation: meta
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(REGION_ANNOTATION))
+                .map(|v| RegionAssignment::parse(v)),
+        }
+    }
+
+    fn gates(&self) -> &'w [k8s_openapi::api::core::v1::PodSchedulingGate] {
+        self.pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.scheduling_gates.as_deref())
+            .unwrap_or_default()
+    }
+
+    fn gated(&self) -> bool {
+        self.gates()
+            .iter()
+            .any(|g| g.name == REGION_SCHEDULING_GATE)
+    }
+
+    fn reference(&self) -> ObjectReference {
+        ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            name: Some(self.name.to_string()),
+            namespace: Some(self.namespace.to_string()),
+            uid: self.pod.metadata.uid.clone(),
+            ..ObjectReference::default()
+        }
+    }
+
+    fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+/// Whether a pod holds (or may get) a region: not finished and not being deleted.
+pub(crate) fn is_live(pod: &Pod) -> bool {
+    pod.metadata.deletion_timestamp.is_none()
+        && !matches!(
+            pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+            Some("Succeeded" | "Failed")
+        )
+}
+
+/// What the region planning of one fabric produced.
+#[derive(Default)]
+pub(crate) struct RegionsOutcome {
+    /// Per pod, its writes (annotation, then gate), keyed for ordering by namespace/name.
+    pub pod_writes: Vec<((String, String), Vec<Write>)>,
+    pub directory_writes: Vec<Write>,
+    pub events: Vec<Event>,
+    pub ledger: Ledger,
+    pub live_slots: u32,
+    pub region_count: u32,
+    pub cooling_slots: u32,
+    /// Pods waiting because the space is full, `namespace/name`.
+    pub exhausted: Vec<String>,
+    /// Pods whose size request cannot be served: `namespace/name`, why.
+    pub bad_requests: Vec<(String, String)>,
+    /// Namespaces whose directory is too large: namespace, regions, bytes.
+    pub too_large: Vec<(String, usize, usize)>,
+    pub regions: Vec<RegionReport>,
+    pub waiting: Vec<WaitingPod>,
+}
+
+enum Claim {
+    None,
+    Existing(Slots),
+    /// An annotation that cannot stand: why.
+    Bad(String),
+}
+
+/// Plan the regions of an active fabric with shared memory.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn plan_regions(
+    fabric: &FabricView<'_>,
+    geometry: Geometry,
+    mut pods: Vec<PodRef<'_>>,
+    directories: &BTreeMap<&str, &ConfigMap>,
+    old: Option<&Ledger>,
+    now: Timestamp,
+    grace: Duration,
+    detailed: bool,
+) -> RegionsOutcome {
+    let mut out = RegionsOutcome::default();
+    pods.sort_by(|a, b| {
+        (a.created.is_none(), a.created, a.namespace, a.name).cmp(&(
+            b.created.is_none(),
+            b.created,
+            b.namespace,
+            b.name,
+        ))
+    });
+
+    // The recorded claims and the size each pod needs should it get a new window.
+    let mut claims = Vec::with_capacity(pods.len());
+    let mut requests = Vec::with_capacity(pods.len());
+    let mut request_of: Vec<Option<usize>> = Vec::with_capacity(pods.len());
+    for p in &pods {
+        let claim = match &p.annotation {
+            None => Claim::None,
+            Some(Ok(a)) if a.fabric == fabric.name => match geometry.slots_of(a) {
+                Ok(s) => Claim::Existing(s),
+                Err(e) => Claim::Bad(e.to_string()),
+            },
+            Some(Ok(a)) => Claim::Bad(format!("it records a region of fabric {:?}", a.fabric)),
+            Some(Err(e)) => Claim::Bad(e.to_string()),
+        };
+        let size_request = p
+            .pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(REGION_SIZE_ANNOTATION))
+            .map(String::as_str);
+        let len = geometry.slots_for_annotation(size_request);
+        let request = match (&claim, len) {
+            (Claim::Existing(s), len) => Some(Request {
+                existing: Some(*s),
+                len: len.unwrap_or(s.len),
+            }),
+            (_, Ok(len)) => Some(Request {
+                existing: None,
+                len,
+            }),
+            (_, Err(e)) => {
+                out.bad_requests.push((p.key(), e.to_string()));
+                None
+            }
+        };
+        request_of.push(request.map(|r| {
+            requests.push(r);
+            requests.len() - 1
+        }));
+        claims.push(claim);
+    }
+
+    // Windows live at the last plan (memory, or the directories after a restart) that their
+    // pod no longer claims start their grace period now.
+    let until = now
+        .checked_add(SignedDuration::try_from(grace).unwrap_or(SignedDuration::MAX))
+        .unwrap_or(Timestamp::MAX);
+    let mut cooling: Vec<Cooling> = old.map(|l| l.cooling.clone()).unwrap_or_default();
+    cooling.retain(|c| c.until > now);
+    let claimed: HashMap<(&str, &str), Slots> = pods
+        .iter()
+        .zip(&claims)
+        .filter_map(|(p, c)| match c {
+            Claim::Existing(s) => Some(((p.namespace, p.name), *s)),
+            _ => None,
+        })
+        .collect();
+    let freed = |slots: Slots, cooling: &mut Vec<Cooling>| match cooling
+        .iter_mut()
+        .find(|c| c.slots == slots)
+    {
+        Some(c) => c.until = c.until.max(until),
+        None => cooling.push(Cooling { slots, until }),
+    };
+    if let Some(l) = old {
+        for ((ns, pod), slots) in &l.live {
+            if claimed.get(&(ns.as_str(), pod.as_str())) != Some(slots) {
+                freed(*slots, &mut cooling);
+            }
+        }
+    }
+    for (ns, cm) in directories {
+        let listed = cm
+            .data
+            .as_ref()
+            .and_then(|d| d.get(DIRECTORY_KEY))
+            .and_then(|t| directory::parse(t));
+        for e in listed.into_iter().flatten() {
+            let a = RegionAssignment {
+                fabric: fabric.name.to_string(),
+                id: e.id,
+                base: e.base,
+                size: e.size,
+            };
+            let Ok(slots) = geometry.slots_of(&a) else {
+                continue;
+            };
+            if claimed.get(&(*ns, e.pod.as_str())) != Some(&slots)
+                && old.is_none_or(|l| !l.cooling.iter().any(|c| c.slots == slots))
+            {
+                freed(slots, &mut cooling);
+            }
+        }
+    }
+    cooling.sort_by_key(|c| c.slots);
+    let cooling_slots: Vec<Slots> = cooling.iter().map(|c| c.slots).collect();
+
+    let allocation = regions::allocate(geometry, &requests, &cooling_slots);
+    out.live_slots = allocation.live_slots;
+
+    // Who holds which kept window, to name the older owner in reassignment Events.
+    let mut kept_by: BTreeMap<u32, (Slots, usize)> = BTreeMap::new();
+    for (i, r) in request_of.iter().enumerate() {
+        if let Some(&r) = r.as_ref()
+            && let Outcome::Kept(s) = allocation.outcomes[r]
+        {
+            kept_by.insert(s.first, (s, i));
+        }
+    }
+    let holder = |lost: Slots| -> Option<String> {
+        kept_by
+            .range(..lost.first.saturating_add(lost.len))
+            .rev()
+            .find(|(_, (s, _))| s.overlaps(lost))
+            .map(|(_, (_, i))| pods[*i].key())
+    };
+
+    let mut by_namespace: BTreeMap<&str, Vec<DirectoryEntry>> = BTreeMap::new();
+    for (i, p) in pods.iter().enumerate() {
+        let Some(r) = request_of[i] else {
+            if detailed {
+                let why = out
+                    .bad_requests
+                    .iter()
+                    .find(|(k, _)| *k == p.key())
+                    .map(|(_, w)| w.clone());
+                out.waiting
+                    .push(waiting(p, fabric.name, why.unwrap_or_default()));
+            }
+            continue;
+        };
+        let outcome = allocation.outcomes[r];
+        let mut writes = Vec::new();
+        let (slots, change) = match (outcome, &claims[i]) {
+            (Outcome::Kept(s), _) => (s, RegionChange::Kept),
+            (Outcome::Assigned(s), Claim::None | Claim::Existing(_)) => (s, RegionChange::Assigned),
+            (Outcome::Assigned(s), Claim::Bad(why)) => {
+                out.events.push(reassigned_event(p, format!(
+                    "recorded region is not valid ({why}); reassigned to region {} of fabric {}",
+                    s.first, fabric.name
+                )));
+                (s, RegionChange::Reassigned)
+            }
+            (Outcome::Reassigned { lost, new }, _) => {
+                let by = holder(lost)
+                    .map(|h| format!(" held by older pod {h}"))
+                    .unwrap_or_default();
+                out.events.push(reassigned_event(
+                    p,
+                    format!(
+                        "region {} of fabric {} overlaps a window{by}; reassigned to region {}",
+                        lost.first, fabric.name, new.first
+                    ),
+                ));
+                (new, RegionChange::Reassigned)
+            }
+            (Outcome::Waiting { .. }, _) => {
+                out.exhausted.push(p.key());
+                if detailed {
+                    out.waiting.push(waiting(
+                        p,
+                        fabric.name,
+                        format!(
+                            "no room: {} free slots of {} are not enough or not contiguous",
+                            geometry.max_regions.saturating_sub(allocation.live_slots),
+                            geometry.max_regions
+                        ),
+                    ));
+                }
+                continue;
+            }
+        };
+        let assignment = geometry.assignment(fabric.name, slots);
+        if change != RegionChange::Kept {
+            writes.push(Write::AnnotatePodRegion {
+                namespace: p.namespace.to_string(),
+                pod: p.name.to_string(),
+                value: assignment.to_annotation(),
+            });
+        }
+        if p.gated() {
+            writes.push(Write::RemovePodGate {
+                namespace: p.namespace.to_string(),
+                pod: p.name.to_string(),
+                remaining_gates: p
+                    .gates()
+                    .iter()
+                    .filter(|g| g.name != REGION_SCHEDULING_GATE)
+                    .map(|g| g.name.clone())
+                    .collect(),
+            });
+        }
+        if !writes.is_empty() {
+            out.pod_writes
+                .push(((p.namespace.to_string(), p.name.to_string()), writes));
+        }
+        out.region_count += 1;
+        out.ledger
+            .live
+            .insert((p.namespace.to_string(), p.name.to_string()), slots);
+        by_namespace
+            .entry(p.namespace)
+            .or_default()
+            .push(DirectoryEntry {
+                pod: p.name.to_string(),
+                node: p.pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+                pod_ip: p.pod.status.as_ref().and_then(|s| s.pod_ip.clone()),
+                id: assignment.id,
+                base: assignment.base,
+                size: assignment.size,
+            });
+        if detailed {
+            out.regions.push(RegionReport {
+                namespace: p.namespace.to_string(),
+                pod: p.name.to_string(),
+                fabric: fabric.name.to_string(),
+                id: assignment.id,
+                base: assignment.base,
+                size: assignment.size,
+                node: p.pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+                change,
+            });
+        }
+    }
+
+    // Cooling windows still count until they expire; drop the ones a live region now covers.
+    let live: std::collections::HashSet<Slots> = out.ledger.live.values().copied().collect();
+    cooling.retain(|c| !live.contains(&c.slots));
+    out.cooling_slots = cooling.iter().map(|c| c.slots.len).sum();
+    out.ledger.cooling = cooling;
+
+    let used_namespaces: std::collections::HashSet<String> =
+        by_namespace.keys().map(|ns| ns.to_string()).collect();
+    for (ns, mut entries) in by_namespace {
+        entries.sort_by_key(|e| e.id);
+        let text = directory::render(&entries);
+        if text.len() > MAX_DIRECTORY_BYTES {
+            out.too_large
+                .push((ns.to_string(), entries.len(), text.len()));
+            continue;
+        }
+        let current = directories.get(ns);
+        let up_to_date = current.is_some_and(|cm| {
+            cm.data
+                .as_ref()
+                .is_some_and(|d| d.len() == 1 && d.get(DIRECTORY_KEY) == Some(&text))
+                && cm
+                    .metadata
+                    .owner_references
+                    .as_ref()
+                    .is_some_and(|o| o.iter().any(|r| r.uid == fabric.uid))
+        });
+        if !up_to_date {
+            out.directory_writes.push(Write::ApplyRegionDirectory {
+                namespace: ns.to_string(),
+                fabric: fabric.name.to_string(),
+                fabric_uid: fabric.uid.to_string(),
+                data: BTreeMap::from([(DIRECTORY_KEY.to_string(), text)]),
+            });
+        }
+    }
+    for ns in directories.keys() {
+        if !used_namespaces.contains(*ns) {
+            out.directory_writes.push(Write::DeleteRegionDirectory {
+                namespace: ns.to_string(),
+                fabric: fabric.name.to_string(),
+            });
+        }
+    }
+    out.directory_writes
+        .sort_by(|a, b| directory_key(a).cmp(directory_key(b)));
+    out
+}
+
+fn directory_key(w: &Write) -> &str {
+    match w {
+        Write::ApplyRegionDirectory { namespace, .. }
+        | Write::DeleteRegionDirectory { namespace, .. } => namespace,
+        _ => "",
+    }
+}
+
+fn waiting(p: &PodRef<'_>, fabric: &str, reason: String) -> WaitingPod {
+    WaitingPod {
+        namespace: p.namespace.to_string(),
+        pod: p.name.to_string(),
+        fabric: fabric.to_string(),
+        reason,
+    }
+}
+
+fn reassigned_event(p: &PodRef<'_>, message: String) -> Event {
+    Event {
+        regarding: p.reference(),
+        type_: EventType::Warning,
+        reason: reason::REGION_REASSIGNED.to_string(),
+        message,
+    }
+}

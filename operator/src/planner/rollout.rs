@@ -1,0 +1,213 @@
+//! Per fabric: render the RoceNode spec, classify its nodes and pace the rollout.
+//!
+//! A node is in progress from when its RoceNode spec is written with a generation until its
+//! status reports that generation applied (`QosApplied` True) or failed (`QosApplied` False or
+//! `Degraded` True). New nodes (no RoceNode yet) and nodes holding an older spec wait for a slot:
+//! at most `RolloutSpec::budget(selected)` nodes are in progress at once. Once failures for the
+//! current generation exceed the budget the rollout stops: no waiting node gets the new spec.
+
+use std::collections::HashMap;
+
+use k8s_openapi::api::core::v1::Node;
+use rocefabric_api::conditions;
+use rocefabric_api::constants::{FABRIC_LABEL, condition};
+use rocefabric_api::{RoceNode, RoceNodeSpec};
+
+use super::report::{NodeAction, NodeState};
+use super::selection::FabricView;
+use super::writes::Write;
+
+/// A fabric's nodes after pacing.
+#[derive(Default)]
+pub(crate) struct Rollout {
+    pub selected: u32,
+    pub configured: u32,
+    pub failed: u32,
+    /// After this plan's writes.
+    pub in_progress: u32,
+    /// After this plan's writes.
+    pub waiting: u32,
+    pub budget: u32,
+    pub blocked: bool,
+    /// Names of nodes failing the current generation, by name.
+    pub failed_names: Vec<String>,
+    /// Per owned node (same order as the owned list): what happens and where it stands.
+    pub nodes: Vec<(NodeAction, NodeState)>,
+    pub writes: Vec<Write>,
+}
+
+/// The spec every node of `fabric` must hold.
+pub(crate) fn desired_spec(fabric: &FabricView<'_>) -> RoceNodeSpec {
+    RoceNodeSpec {
+        fabric: fabric.name.to_string(),
+        fabric_generation: fabric.generation,
+        qos: fabric.obj.spec.qos.rendered(),
+        nic_selector: fabric.obj.spec.nic_selector.clone(),
+    }
+}
+
+/// What a RoceNode's status says about the generation its spec carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Report {
+    Applied,
+    Failed,
+    /// Not reported yet (or the agent is still working on it).
+    Pending,
+}
+
+fn report_for(rn: &RoceNode, generation: i64) -> Report {
+    let Some(status) = &rn.status else {
+        return Report::Pending;
+    };
+    if status.fabric_generation != Some(generation) {
+        return Report::Pending;
+    }
+    match conditions::find(&status.conditions, condition::QOS_APPLIED).map(|c| c.status.as_str()) {
+        Some("True") => Report::Applied,
+        Some("False") => Report::Failed,
+        _ if conditions::is_true(&status.conditions, condition::DEGRADED, None) => Report::Failed,
+        _ => Report::Pending,
+    }
+}
+
+/// The RoceNode carries the fabric label and a controller owner reference to this fabric.
+fn owned_by(rn: &RoceNode, fabric: &FabricView<'_>) -> bool {
+    let labelled = rn
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(FABRIC_LABEL))
+        .is_some_and(|f| f == fabric.name);
+    let referenced = rn.metadata.owner_references.as_ref().is_some_and(|refs| {
+        refs.iter()
+            .any(|r| r.controller == Some(true) && r.uid == fabric.uid && r.name == fabric.name)
+    });
+    labelled && referenced
+}
+
+enum Class {
+    Missing,
+    Current { report: Report, fix_metadata: bool },
+    Stale { settling: bool },
+}
+
+/// Classify and pace the owned nodes of an active fabric (`owned` sorted by node name).
+pub(crate) fn plan_rollout(
+    fabric: &FabricView<'_>,
+    owned: &[usize],
+    nodes: &[Node],
+    roce_nodes: &HashMap<&str, &RoceNode>,
+) -> Rollout {
+    let desired = desired_spec(fabric);
+    let mut r = Rollout {
+        selected: count(owned.len()),
+        ..Rollout::default()
+    };
+    r.budget = count(fabric.obj.spec.rollout.budget(owned.len()));
+    let classes: Vec<Class> = owned
+        .iter()
+        .map(|&n| {
+            let name = node_name(&nodes[n]);
+            match roce_nodes.get(name) {
+                None => Class::Missing,
+                Some(rn) if rn.spec == desired => Class::Current {
+                    report: report_for(rn, desired.fabric_generation),
+                    fix_metadata: !owned_by(rn, fabric),
+                },
+                Some(rn) => Class::Stale {
+                    settling: report_for(rn, rn.spec.fabric_generation) == Report::Pending,
+                },
+            }
+        })
+        .collect();
+    for (i, c) in classes.iter().enumerate() {
+        match c {
+            Class::Current {
+                report: Report::Applied,
+                ..
+            } => r.configured += 1,
+            Class::Current {
+                report: Report::Failed,
+                ..
+            } => {
+                r.failed += 1;
+                r.failed_names.push(node_name(&nodes[owned[i]]).to_string());
+            }
+            Class::Current {
+                report: Report::Pending,
+                ..
+            }
+            | Class::Stale { settling: true } => r.in_progress += 1,
+            Class::Stale { settling: false } | Class::Missing => {}
+        }
+        if matches!(c, Class::Missing | Class::Stale { settling: false }) {
+            r.waiting += 1;
+        }
+    }
+    r.blocked = r.failed > r.budget && r.waiting > 0;
+    let mut slots = if r.blocked {
+        0
+    } else {
+        r.budget.saturating_sub(r.in_progress)
+    };
+    for (i, c) in classes.iter().enumerate() {
+        let name = node_name(&nodes[owned[i]]);
+        let apply = || Write::ApplyRoceNode {
+            name: name.to_string(),
+            fabric_name: fabric.name.to_string(),
+            fabric_uid: fabric.uid.to_string(),
+            spec: desired.clone(),
+        };
+        let entry = match c {
+            Class::Current {
+                report,
+                fix_metadata,
+            } => {
+                let state = match report {
+                    Report::Applied => NodeState::Configured,
+                    Report::Failed => NodeState::Failed,
+                    Report::Pending => NodeState::InProgress,
+                };
+                if *fix_metadata {
+                    r.writes.push(apply());
+                    (NodeAction::Update, state)
+                } else {
+                    (NodeAction::Unchanged, state)
+                }
+            }
+            // Still settling an older spec: it is in progress already (and counted so), so it
+            // takes the current spec without a new slot.
+            Class::Stale { settling: true } if !r.blocked => {
+                r.writes.push(apply());
+                (NodeAction::Update, NodeState::InProgress)
+            }
+            Class::Stale { settling: true } => (NodeAction::Waiting, NodeState::InProgress),
+            Class::Missing | Class::Stale { settling: false } if slots > 0 => {
+                slots -= 1;
+                r.writes.push(apply());
+                r.in_progress += 1;
+                r.waiting -= 1;
+                let action = if matches!(c, Class::Missing) {
+                    NodeAction::Create
+                } else {
+                    NodeAction::Update
+                };
+                (action, NodeState::Pending)
+            }
+            Class::Missing | Class::Stale { settling: false } => {
+                (NodeAction::Waiting, NodeState::Pending)
+            }
+        };
+        r.nodes.push(entry);
+    }
+    r
+}
+
+pub(crate) fn node_name(node: &Node) -> &str {
+    node.metadata.name.as_deref().unwrap_or_default()
+}
+
+/// A count for status fields (which are `u32`); saturates, as no cluster gets near it.
+pub(crate) fn count(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}

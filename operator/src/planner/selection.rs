@@ -1,0 +1,206 @@
+//! Which fabric owns which node: fabrics in age order (creation time, then name), each node to
+//! the oldest fabric that selects it; younger fabrics that select it too count it as conflicting.
+
+use std::collections::{BTreeMap, HashMap};
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::jiff::Timestamp;
+use kube::core::{Selector, SelectorExt};
+use rocefabric_api::RoceFabric;
+use rocefabric_api::constants::FABRIC_LABEL;
+use rocefabric_api::validate::{self, FieldError};
+
+use crate::regions::Geometry;
+
+/// A fabric as the planner sees it: identity, age, validity and parsed selectors.
+pub(crate) struct FabricView<'w> {
+    pub obj: &'w RoceFabric,
+    pub name: &'w str,
+    pub uid: &'w str,
+    pub generation: i64,
+    pub created: Option<Timestamp>,
+    pub deleting: bool,
+    /// Empty when the spec is valid.
+    pub errors: Vec<FieldError>,
+    /// `None` when `spec.nodeSelector` cannot be parsed (the fabric then selects no node).
+    pub node_selector: Option<Selector>,
+    /// `None` without `sharedMemory` or when its selector or geometry is invalid.
+    pub pods: Option<PodSelection>,
+}
+
+/// How a fabric picks the pods that get a region.
+pub(crate) struct PodSelection {
+    pub selector: PodSelector,
+    pub geometry: Geometry,
+}
+
+pub(crate) enum PodSelector {
+    /// An empty `podSelector`: pods labelled `rocefabric.io/fabric: <fabric>`.
+    FabricLabel,
+    Labels(Selector),
+}
+
+impl<'w> FabricView<'w> {
+    pub fn new(obj: &'w RoceFabric) -> Self {
+        let meta = &obj.metadata;
+        let mut errors = match validate::fabric(obj) {
+            Ok(()) => Vec::new(),
+            Err(invalid) => invalid.errors,
+        };
+        let node_selector = match parse_selector(&obj.spec.node_selector) {
+            Ok(s) => Some(s),
+            Err(message) => {
+                push_unique(&mut errors, "spec.nodeSelector", message);
+                None
+            }
+        };
+        let pods = obj.spec.shared_memory.as_ref().and_then(|sm| {
+            let selector = if is_empty_selector(&sm.pod_selector) {
+                Some(PodSelector::FabricLabel)
+            } else {
+                match parse_selector(&sm.pod_selector) {
+                    Ok(s) => Some(PodSelector::Labels(s)),
+                    Err(message) => {
+                        push_unique(&mut errors, "spec.sharedMemory.podSelector", message);
+                        None
+                    }
+                }
+            };
+            let geometry = match Geometry::from_spec(sm) {
+                Ok(g) => Some(g),
+                Err(e) => {
+                    let field = match e {
+                        crate::regions::RegionError::MaxRegions { .. }
+                        | crate::regions::RegionError::SpaceTooLarge { .. } => {
+                            "spec.sharedMemory.maxRegions"
+                        }
+                        _ => "spec.sharedMemory.regionSize",
+                    };
+                    push_unique(&mut errors, field, e.to_string());
+                    None
+                }
+            };
+            Some(PodSelection {
+                selector: selector?,
+                geometry: geometry?,
+            })
+        });
+        Self {
+            obj,
+            name: meta.name.as_deref().unwrap_or_default(),
+            uid: meta.uid.as_deref().unwrap_or_default(),
+            generation: meta.generation.unwrap_or(0),
+            created: meta.creation_timestamp.as_ref().map(|t| t.0),
+            deleting: meta.deletion_timestamp.is_some(),
+            errors,
+            node_selector,
+            pods,
+        }
+    }
+
+    /// Valid and not being deleted: the planner writes for it.
+    pub fn active(&self) -> bool {
+        self.errors.is_empty() && !self.deleting
+    }
+
+    /// Whether the fabric's `sharedMemory.podSelector` picks `pod`.
+    pub fn selects_pod(&self, pod: &Pod) -> bool {
+        let Some(sel) = &self.pods else { return false };
+        let labels = labels_of(pod.metadata.labels.as_ref());
+        match &sel.selector {
+            PodSelector::FabricLabel => labels.get(FABRIC_LABEL).is_some_and(|f| f == self.name),
+            PodSelector::Labels(s) => s.matches(labels),
+        }
+    }
+}
+
+fn push_unique(errors: &mut Vec<FieldError>, field: &str, message: String) {
+    if !errors.iter().any(|e| e.field == field) {
+        errors.push(FieldError {
+            field: field.to_string(),
+            message,
+        });
+    }
+}
+
+fn is_empty_selector(sel: &LabelSelector) -> bool {
+    sel.match_labels.as_ref().is_none_or(BTreeMap::is_empty)
+        && sel.match_expressions.as_ref().is_none_or(Vec::is_empty)
+}
+
+/// Parse a label selector (operators `In`, `NotIn`, `Exists`, `DoesNotExist`).
+pub(crate) fn parse_selector(sel: &LabelSelector) -> Result<Selector, String> {
+    Selector::try_from(sel.clone()).map_err(|e| e.0)
+}
+
+static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
+
+pub(crate) fn labels_of(labels: Option<&BTreeMap<String, String>>) -> &BTreeMap<String, String> {
+    labels.unwrap_or(&NO_LABELS)
+}
+
+/// Fabric indices in age order: creation time (unknown last), then name.
+pub(crate) fn age_order(fabrics: &[FabricView<'_>]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..fabrics.len()).collect();
+    order.sort_by(|&a, &b| {
+        let (fa, fb) = (&fabrics[a], &fabrics[b]);
+        (fa.created.is_none(), fa.created, fa.name).cmp(&(
+            fb.created.is_none(),
+            fb.created,
+            fb.name,
+        ))
+    });
+    order
+}
+
+/// Who owns each node, and who else selects it.
+pub(crate) struct Ownership {
+    /// Per node index: the owning fabric index.
+    pub owner: Vec<Option<usize>>,
+    /// Per fabric index: owned node indices, by node name.
+    pub owned: Vec<Vec<usize>>,
+    /// Per fabric index: node indices it selects that an older fabric owns, by node name.
+    pub conflicting: Vec<Vec<usize>>,
+    /// Per node index: the younger fabrics that select it too (only nodes that have any).
+    pub losers: HashMap<usize, Vec<usize>>,
+}
+
+/// Assign every node to the oldest fabric that selects it. `nodes_by_name` lists node indices
+/// sorted by name.
+pub(crate) fn assign_nodes(
+    fabrics: &[FabricView<'_>],
+    age: &[usize],
+    nodes: &[Node],
+    nodes_by_name: &[usize],
+) -> Ownership {
+    let mut own = Ownership {
+        owner: vec![None; nodes.len()],
+        owned: vec![Vec::new(); fabrics.len()],
+        conflicting: vec![Vec::new(); fabrics.len()],
+        losers: HashMap::new(),
+    };
+    let selectors: Vec<(usize, &Selector)> = age
+        .iter()
+        .filter_map(|&f| fabrics[f].node_selector.as_ref().map(|s| (f, s)))
+        .collect();
+    for &n in nodes_by_name {
+        let labels = labels_of(nodes[n].metadata.labels.as_ref());
+        for &(f, sel) in &selectors {
+            if !sel.matches(labels) {
+                continue;
+            }
+            match own.owner[n] {
+                None => {
+                    own.owner[n] = Some(f);
+                    own.owned[f].push(n);
+                }
+                Some(_) => {
+                    own.conflicting[f].push(n);
+                    own.losers.entry(n).or_default().push(f);
+                }
+            }
+        }
+    }
+    own
+}

@@ -1,0 +1,60 @@
+//! The snapshot of the cluster a plan is computed from.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use k8s_openapi::jiff::Timestamp;
+use rocefabric_api::{RoceFabric, RoceNode};
+
+use crate::regions::FreedRegions;
+
+/// Everything the planner looks at. The shell fills it from its watch caches; the `plan`
+/// command from YAML files.
+#[derive(Clone, Debug)]
+pub struct World {
+    pub fabrics: Vec<RoceFabric>,
+    pub nodes: Vec<Node>,
+    pub roce_nodes: Vec<RoceNode>,
+    pub pods: Vec<Pod>,
+    /// The region directories (`<fabric>-regions`, labelled `rocefabric.io/fabric`); other
+    /// ConfigMaps are ignored.
+    pub config_maps: Vec<ConfigMap>,
+    pub now: Timestamp,
+    /// The allocator memory returned by the previous plan ([`super::Plan::freed`]); empty
+    /// after a restart.
+    pub freed: FreedRegions,
+}
+
+impl World {
+    /// An empty world at `now`.
+    pub fn empty(now: Timestamp) -> Self {
+        Self {
+            fabrics: Vec::new(),
+            nodes: Vec::new(),
+            roce_nodes: Vec::new(),
+            pods: Vec::new(),
+            config_maps: Vec::new(),
+            now,
+            freed: FreedRegions::default(),
+        }
+    }
+}
+
+/// Knobs of the planner.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlanOptions {
+    /// How long a freed region id (and its window) stays out of use.
+    pub region_grace: Duration,
+    /// Fill the per-node and per-region lists of the report (the `plan` command); the operator
+    /// needs only the counts.
+    pub detailed_report: bool,
+}
+
+impl Default for PlanOptions {
+    fn default() -> Self {
+        Self {
+            region_grace: Duration::from_secs(30),
+            detailed_report: false,
+        }
+    }
+}
