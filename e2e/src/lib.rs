@@ -1,1 +1,33 @@
-//! Node-level and real-cluster end-to-end suites for rocefabric (tests live in `tests/`).
+//! End-to-end suites for rocefabric (tests live in `tests/`):
+//! - `chart`: renders `charts/rocefabric` with the real Helm engine and asserts least privilege;
+//! - `node`: the node daemon binary against the DGX fixture tree, a kubelet emulator over a real
+//!   unix socket, and QoS on a veth pair in a network namespace the test creates;
+//! - `cluster`: install the chart on a real cluster (runs only when `KUBECONFIG` points at one).
+//!
+//! This library holds what the suites share: locating the workspace and the Helm engine, parsing
+//! rendered manifests, and reporting a skipped test by name. It is not used by the product.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+pub mod helm;
+pub mod manifests;
+
+/// The workspace root (the directory holding `Cargo.lock`, `crds/` and `charts/`).
+pub fn workspace_root() -> PathBuf {
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    here.parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| here.to_path_buf())
+}
+
+/// Report that `test` did not run, and why, as a line `SKIPPED: <what> (<reason>): <test>`.
+///
+/// Written straight to the process's stderr (not through `eprintln!`, which the test harness
+/// captures), so the line shows in a plain `cargo test` run and a skip is never a silent pass.
+pub fn skip(what: &str, reason: &str, test: &str) {
+    let line = format!("SKIPPED: {what} ({reason}): {test}\n");
+    let mut err = std::io::stderr().lock();
+    let _ = err.write_all(line.as_bytes());
+    let _ = err.flush();
+}
