@@ -13,3 +13,6 @@ pub mod config;
 pub mod topology;
 pub mod fixtures;
 pub mod inventory;
+pub mod qos;
+pub mod fabric_view;
+pub mod serve;

@@ -1,0 +1,761 @@
+//! The QoS plan (pure): desired settings against what the NIC holds -> the knobs that differ and
+//! the ordered writes that fix them. Nothing that already holds is written: a PFC write flaps
+//! the link on ConnectX even when nothing changes in the driver's eyes, so equal means untouched.
+//!
+//! Write order, and why:
+//! 1. trust (out-of-tree `qos/trust`, or removing DSCP APP entries for PCP trust);
+//! 2. DSCP -> priority APP entries, adds before removals (on mlx5 the first DSCP entry switches the
+//!    port to DSCP trust and removing the last switches it back, so a replacement must never pass
+//!    through an empty table);
+//! 3. PFC, once, after classification is in place, so that traffic lands on the lossless
+//!    priority as soon as the link comes back from the PFC change;
+//! 4. ECN enables (notification point, then reaction point), then the CNP DSCP and priority;
+//! 5. rdma_cm defaults: mode before ToS (the ToS is used for connections of that mode);
+//! 6. MTU last: mlx5 recomputes its receive buffers for the MTU with the PFC config in place.
+
+use std::fmt;
+
+use rocefabric_api::{Knob, Mechanism, QosSpec, Trust};
+
+use super::dcbnl::{APP_SEL_DSCP, DcbApp, IeeePfc, bits_to_priorities};
+use super::driver_files::EcnPoint;
+use super::{Reading, priority_list};
+
+/// `default_roce_mode` the fabric wants.
+pub const ROCE_V2_MODE: &str = "RoCE v2";
+
+/// What the spec asks of one interface, in kernel terms.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Desired {
+    pub trust: Trust,
+    /// DSCP -> priority entries (RoCE and CNP); empty with PCP trust, where DSCP is not used.
+    pub dscp_map: Vec<DcbApp>,
+    /// PFC enable bitmap.
+    pub pfc_en: u8,
+    /// ECN-enabled priorities (exactly these; the others are disabled).
+    pub ecn: Vec<u8>,
+    pub cnp_dscp: u8,
+    pub cnp_priority: u8,
+    /// rdma_cm default ToS (`roceDscp << 2 | ECT(0)`).
+    pub roce_tos: u8,
+    pub roce_mode: String,
+    pub mtu: u32,
+}
+
+impl Desired {
+    pub fn from_spec(q: &QosSpec) -> Self {
+        let dscp_map = match q.trust {
+            Trust::Dscp => {
+                let mut m = vec![DcbApp::dscp(q.roce_dscp, q.roce_priority), DcbApp::dscp(q.cnp.dscp, q.cnp.priority)];
+                m.sort_by_key(|a| a.protocol);
+                m.dedup_by_key(|a| a.protocol);
+                m
+            }
+            Trust::Pcp => Vec::new(),
+        };
+        Self {
+            trust: q.trust,
+            dscp_map,
+            pfc_en: q.pfc_enable_bits(),
+            ecn: q.ecn_priorities(),
+            cnp_dscp: q.cnp.dscp,
+            cnp_priority: q.cnp.priority,
+            roce_tos: q.traffic_class(),
+            roce_mode: ROCE_V2_MODE.to_string(),
+            mtu: u32::from(q.mtu),
+        }
+    }
+
+    /// Knobs this spec asks for, in report order.
+    pub fn knobs(&self) -> Vec<Knob> {
+        let mut k = vec![Knob::Trust];
+        if self.trust == Trust::Dscp {
+            k.push(Knob::DscpMap);
+        }
+        k.extend([
+            Knob::Pfc,
+            Knob::EcnNotificationPoint,
+            Knob::EcnReactionPoint,
+            Knob::CnpDscp,
+            Knob::CnpPriority,
+            Knob::RoceTos,
+            Knob::RoceMode,
+            Knob::Mtu,
+        ]);
+        k
+    }
+}
+
+/// Every knob as read from one interface.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Observed {
+    /// From `qos/trust` (sysfs) or, without it, implied by the APP table (DCB netlink: DSCP
+    /// entries present means DSCP trust, as mlx5 implements it).
+    pub trust: Reading<Trust>,
+    /// The whole APP table.
+    pub app: Reading<Vec<DcbApp>>,
+    pub pfc: Reading<IeeePfc>,
+    pub ecn_np: Reading<Vec<u8>>,
+    pub ecn_rp: Reading<Vec<u8>>,
+    pub cnp_dscp: Reading<u8>,
+    pub cnp_priority: Reading<u8>,
+    /// `None`: the rdma_cm entry of the device does not exist yet.
+    pub roce_tos: Reading<Option<u8>>,
+    pub roce_mode: Reading<Option<String>>,
+    pub mtu: Reading<u32>,
+    /// DCBX mode flags, when DCB answers.
+    pub dcbx: Option<u8>,
+}
+
+/// What the plan does about one knob.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Holds already: nothing is written.
+    Keep,
+    /// Differs: the plan's writes for this knob fix it.
+    Change,
+    /// No mechanism on this NIC/driver.
+    Unsupported(String),
+    /// The current value could not be read, so nothing is written.
+    ReadFailed(String),
+}
+
+/// One knob: desired and observed values as text, and the action.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KnobPlan {
+    pub knob: Knob,
+    pub mechanism: Option<Mechanism>,
+    pub desired: String,
+    pub observed: Option<String>,
+    pub action: Action,
+}
+
+/// One kernel write.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Write {
+    /// `echo dscp > qos/trust` (out-of-tree driver).
+    Trust(Trust),
+    /// DCB `IEEE_SET` of APP entries.
+    AddApps(Vec<DcbApp>),
+    /// DCB `IEEE_DEL` of APP entries (only those still present when it runs).
+    DelApps(Vec<DcbApp>),
+    /// DCB `IEEE_SET` of PFC (the observed struct with a new `pfc_en`).
+    Pfc(IeeePfc),
+    /// One per-priority ECN enable file.
+    Ecn { point: EcnPoint, priority: u8, enabled: bool },
+    CnpDscp { mechanism: Mechanism, value: u8 },
+    CnpPriority { mechanism: Mechanism, value: u8 },
+    /// `default_roce_mode` (after `mkdir` of the rdma_cm entry if needed).
+    RoceMode(String),
+    /// `default_roce_tos` (after `mkdir` of the rdma_cm entry if needed).
+    RoceTos(u8),
+    /// rtnetlink `IFLA_MTU`.
+    Mtu(u32),
+}
+
+impl Write {
+    pub fn mechanism(&self) -> Mechanism {
+        match self {
+            Write::Trust(_) | Write::Ecn { .. } => Mechanism::Sysfs,
+            Write::AddApps(_) | Write::DelApps(_) | Write::Pfc(_) => Mechanism::DcbNetlink,
+            Write::CnpDscp { mechanism, .. } | Write::CnpPriority { mechanism, .. } => *mechanism,
+            Write::RoceMode(_) | Write::RoceTos(_) => Mechanism::Configfs,
+            Write::Mtu(_) => Mechanism::Rtnetlink,
+        }
+    }
+}
+
+fn apps_text(apps: &[DcbApp]) -> String {
+    apps.iter().map(|a| format!("{}:{}", a.protocol, a.priority)).collect::<Vec<_>>().join(",")
+}
+
+impl fmt::Display for Write {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Write::Trust(t) => write!(f, "sysfs qos/trust <- {t}"),
+            Write::AddApps(a) => write!(f, "dcb app add dscp-prio {}", apps_text(a)),
+            Write::DelApps(a) => write!(f, "dcb app del dscp-prio {}", apps_text(a)),
+            Write::Pfc(p) => write!(f, "dcb pfc set prio-pfc {} (pfc_en 0x{:02x})", priority_list(&p.enabled_priorities()), p.pfc_en),
+            Write::Ecn { point, priority, enabled } => write!(
+                f,
+                "sysfs ecn/{}/enable/{priority} <- {}",
+                match point {
+                    EcnPoint::Notification => "roce_np",
+                    EcnPoint::Reaction => "roce_rp",
+                },
+                u8::from(*enabled)
+            ),
+            Write::CnpDscp { mechanism, value } => match mechanism {
+                Mechanism::Debugfs => write!(f, "debugfs cc_params/np_cnp_dscp <- {value}"),
+                _ => write!(f, "sysfs ecn/roce_np/cnp_dscp <- {value}"),
+            },
+            Write::CnpPriority { mechanism, value } => match mechanism {
+                Mechanism::Debugfs => write!(f, "debugfs cc_params/np_cnp_prio <- {value}"),
+                _ => write!(f, "sysfs ecn/roce_np/cnp_802p_prio <- {value}"),
+            },
+            Write::RoceMode(m) => write!(f, "configfs rdma_cm default_roce_mode <- {m}"),
+            Write::RoceTos(t) => write!(f, "configfs rdma_cm default_roce_tos <- {t}"),
+            Write::Mtu(m) => write!(f, "rtnetlink mtu <- {m}"),
+        }
+    }
+}
+
+/// A write and the knobs it serves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlannedWrite {
+    pub knobs: Vec<Knob>,
+    pub write: Write,
+}
+
+/// Knob actions (report order) and the writes (execution order).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Plan {
+    pub knobs: Vec<KnobPlan>,
+    pub writes: Vec<PlannedWrite>,
+}
+
+impl Plan {
+    /// Every knob holds already.
+    pub fn holds(&self) -> bool {
+        self.knobs.iter().all(|k| k.action == Action::Keep)
+    }
+
+    pub fn knob(&self, knob: Knob) -> Option<&KnobPlan> {
+        self.knobs.iter().find(|k| k.knob == knob)
+    }
+
+    /// Writes that serve `knob`.
+    pub fn writes_for(&self, knob: Knob) -> impl Iterator<Item = &PlannedWrite> {
+        self.writes.iter().filter(move |w| w.knobs.contains(&knob))
+    }
+}
+
+/// Priorities mapped to `dscp` in the APP table.
+fn dscp_priorities(app: &[DcbApp], dscp: u16) -> Vec<u8> {
+    let mut p: Vec<u8> = app
+        .iter()
+        .filter(|a| a.selector == APP_SEL_DSCP && a.protocol == dscp)
+        .map(|a| a.priority)
+        .collect();
+    p.sort_unstable();
+    p.dedup();
+    p
+}
+
+fn dscp_map_text(app: &[DcbApp], wanted: &[DcbApp]) -> String {
+    wanted
+        .iter()
+        .map(|w| {
+            let p = dscp_priorities(app, w.protocol);
+            let prios = if p.is_empty() {
+                "-".to_string()
+            } else {
+                p.iter().map(u8::to_string).collect::<Vec<_>>().join("|")
+            };
+            format!("{}:{prios}", w.protocol)
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Compare and plan. Pure; deterministic.
+pub fn plan(desired: &Desired, observed: &Observed) -> Plan {
+    let mut knobs = Vec::new();
+    let mut writes = Vec::new();
+
+    // Generic comparison: reading -> (mechanism, observed text, action).
+    fn judge<T>(
+        reading: &Reading<T>,
+        show: impl Fn(&T) -> String,
+        holds: impl Fn(&T) -> bool,
+    ) -> (Option<Mechanism>, Option<String>, Action) {
+        match reading {
+            Reading::Value { mechanism, value } => {
+                let action = if holds(value) { Action::Keep } else { Action::Change };
+                (Some(*mechanism), Some(show(value)), action)
+            }
+            Reading::Unsupported { reason } => (None, None, Action::Unsupported(reason.clone())),
+            Reading::Failed { mechanism, error } => (Some(*mechanism), None, Action::ReadFailed(error.clone())),
+        }
+    }
+    let mut push = |knob: Knob, desired_text: String, judged: (Option<Mechanism>, Option<String>, Action)| {
+        let (mechanism, observed, action) = judged;
+        knobs.push(KnobPlan { knob, mechanism, desired: desired_text, observed, action });
+    };
+
+    // 1. Trust.
+    let trust = judge(&observed.trust, |t| t.to_string(), |t| *t == desired.trust);
+    let trust_changes = trust.2 == Action::Change;
+    let trust_mech = trust.0;
+    push(Knob::Trust, desired.trust.to_string(), trust);
+    if trust_changes {
+        match trust_mech {
+            Some(Mechanism::Sysfs) => writes.push(PlannedWrite { knobs: vec![Knob::Trust], write: Write::Trust(desired.trust) }),
+            // DCB: PCP trust means no DSCP APP entries; DSCP trust comes with the DSCP map below.
+            _ if desired.trust == Trust::Pcp => {
+                if let Some(app) = observed.app.get() {
+                    let dscp: Vec<DcbApp> = app.iter().filter(|a| a.selector == APP_SEL_DSCP).copied().collect();
+                    writes.push(PlannedWrite { knobs: vec![Knob::Trust], write: Write::DelApps(dscp) });
+                }
+            }
+            _ => {}
+        }
+    }
+
+    // 2. DSCP map.
+    if !desired.dscp_map.is_empty() {
+        let wanted = &desired.dscp_map;
+        let holds = |app: &Vec<DcbApp>| wanted.iter().all(|w| dscp_priorities(app, w.protocol) == [w.priority]);
+        let judged = judge(&observed.app, |app| dscp_map_text(app, wanted), holds);
+        let changes = judged.2 == Action::Change;
+        push(Knob::DscpMap, apps_text(wanted), judged);
+        if changes && let Some(app) = observed.app.get() {
+            let add: Vec<DcbApp> = wanted.iter().filter(|w| !app.contains(w)).copied().collect();
+            let del: Vec<DcbApp> = app
+                .iter()
+                .filter(|a| a.selector == APP_SEL_DSCP)
+                .filter(|a| wanted.iter().any(|w| w.protocol == a.protocol && w.priority != a.priority))
+                .copied()
+                .collect();
+            // With DCB-implied trust, the adds are what switches the port to DSCP trust.
+            let mut add_knobs = vec![Knob::DscpMap];
+            if trust_changes && trust_mech == Some(Mechanism::DcbNetlink) {
+                add_knobs.push(Knob::Trust);
+            }
+            if !add.is_empty() {
+                writes.push(PlannedWrite { knobs: add_knobs, write: Write::AddApps(add) });
+            }
+            if !del.is_empty() {
+                writes.push(PlannedWrite { knobs: vec![Knob::DscpMap], write: Write::DelApps(del) });
+            }
+        }
+    }
+
+    // 3. PFC.
+    let pfc = judge(
+        &observed.pfc,
+        |p| priority_list(&p.enabled_priorities()),
+        |p| p.pfc_en == desired.pfc_en,
+    );
+    if pfc.2 == Action::Change && let Some(current) = observed.pfc.get() {
+        let new = IeeePfc {
+            pfc_en: desired.pfc_en,
+            requests: [0; 8],
+            indications: [0; 8],
+            ..*current
+        };
+        writes.push(PlannedWrite { knobs: vec![Knob::Pfc], write: Write::Pfc(new) });
+    }
+    push(Knob::Pfc, priority_list(&bits_to_priorities(desired.pfc_en)), pfc);
+
+    // 4. ECN, per priority, only the files that differ.
+    for (knob, point, reading) in [
+        (Knob::EcnNotificationPoint, EcnPoint::Notification, &observed.ecn_np),
+        (Knob::EcnReactionPoint, EcnPoint::Reaction, &observed.ecn_rp),
+    ] {
+        let judged = judge(reading, |v| priority_list(v), |v| *v == desired.ecn);
+        if judged.2 == Action::Change && let Some(current) = reading.get() {
+            for prio in 0u8..8 {
+                let want = desired.ecn.contains(&prio);
+                if current.contains(&prio) != want {
+                    writes.push(PlannedWrite {
+                        knobs: vec![knob],
+                        write: Write::Ecn { point, priority: prio, enabled: want },
+                    });
+                }
+            }
+        }
+        push(knob, priority_list(&desired.ecn), judged);
+    }
+
+    // 5. CNP DSCP and priority.
+    for (knob, reading, want) in [
+        (Knob::CnpDscp, &observed.cnp_dscp, desired.cnp_dscp),
+        (Knob::CnpPriority, &observed.cnp_priority, desired.cnp_priority),
+    ] {
+        let judged = judge(reading, |v| v.to_string(), |v| *v == want);
+        if judged.2 == Action::Change && let Some(mechanism) = judged.0 {
+            let write = match knob {
+                Knob::CnpDscp => Write::CnpDscp { mechanism, value: want },
+                _ => Write::CnpPriority { mechanism, value: want },
+            };
+            writes.push(PlannedWrite { knobs: vec![knob], write });
+        }
+        push(knob, want.to_string(), judged);
+    }
+
+    // 6. rdma_cm defaults: mode first, then ToS. Report order stays ToS, mode.
+    let unset = || "not set (no rdma_cm entry)".to_string();
+    let tos = judge(
+        &observed.roce_tos,
+        |v| v.map_or_else(unset, |t| t.to_string()),
+        |v| *v == Some(desired.roce_tos),
+    );
+    let mode = judge(
+        &observed.roce_mode,
+        |v| v.clone().unwrap_or_else(unset),
+        |v| v.as_deref() == Some(desired.roce_mode.as_str()),
+    );
+    if mode.2 == Action::Change {
+        writes.push(PlannedWrite { knobs: vec![Knob::RoceMode], write: Write::RoceMode(desired.roce_mode.clone()) });
+    }
+    if tos.2 == Action::Change {
+        writes.push(PlannedWrite { knobs: vec![Knob::RoceTos], write: Write::RoceTos(desired.roce_tos) });
+    }
+    push(Knob::RoceTos, desired.roce_tos.to_string(), tos);
+    push(Knob::RoceMode, desired.roce_mode.clone(), mode);
+
+    // 7. MTU.
+    let mtu = judge(&observed.mtu, |v| v.to_string(), |v| *v == desired.mtu);
+    if mtu.2 == Action::Change {
+        writes.push(PlannedWrite { knobs: vec![Knob::Mtu], write: Write::Mtu(desired.mtu) });
+    }
+    push(Knob::Mtu, desired.mtu.to_string(), mtu);
+
+    // Report in the order of `Desired::knobs`.
+    let order = desired.knobs();
+    knobs.sort_by_key(|k| order.iter().position(|o| *o == k.knob).unwrap_or(usize::MAX));
+    Plan { knobs, writes }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rocefabric_api::{CnpSpec, EcnSpec};
+
+    fn spec() -> QosSpec {
+        QosSpec::default()
+    }
+
+    /// A ConnectX with the out-of-tree driver, configured exactly as the default spec wants.
+    fn correct(d: &Desired) -> Observed {
+        Observed {
+            trust: Reading::value(Mechanism::Sysfs, Trust::Dscp),
+            app: Reading::value(Mechanism::DcbNetlink, d.dscp_map.clone()),
+            pfc: Reading::value(Mechanism::DcbNetlink, IeeePfc { pfc_cap: 8, pfc_en: d.pfc_en, ..Default::default() }),
+            ecn_np: Reading::value(Mechanism::Sysfs, d.ecn.clone()),
+            ecn_rp: Reading::value(Mechanism::Sysfs, d.ecn.clone()),
+            cnp_dscp: Reading::value(Mechanism::Sysfs, d.cnp_dscp),
+            cnp_priority: Reading::value(Mechanism::Sysfs, d.cnp_priority),
+            roce_tos: Reading::value(Mechanism::Configfs, Some(d.roce_tos)),
+            roce_mode: Reading::value(Mechanism::Configfs, Some(d.roce_mode.clone())),
+            mtu: Reading::value(Mechanism::Rtnetlink, d.mtu),
+            dcbx: Some(0x09),
+        }
+    }
+
+    #[test]
+    fn desired_follows_the_standard_scheme() {
+        let d = Desired::from_spec(&spec());
+        assert_eq!(d.dscp_map, vec![DcbApp::dscp(26, 3), DcbApp::dscp(48, 6)]);
+        assert_eq!(d.pfc_en, 0x08);
+        assert_eq!(d.ecn, vec![3]);
+        assert_eq!(d.roce_tos, 106);
+        assert_eq!(d.mtu, 4200);
+        assert_eq!(d.roce_mode, "RoCE v2");
+    }
+
+    #[test]
+    fn nothing_is_written_when_everything_holds() {
+        let d = Desired::from_spec(&spec());
+        let p = plan(&d, &correct(&d));
+        assert!(p.writes.is_empty(), "{:?}", p.writes);
+        assert!(p.holds());
+        assert_eq!(p.knobs.len(), 10);
+        assert!(p.knobs.iter().all(|k| k.action == Action::Keep));
+    }
+
+    #[test]
+    fn equal_pfc_is_never_rewritten_even_when_counters_and_other_fields_differ() {
+        let d = Desired::from_spec(&spec());
+        let mut o = correct(&d);
+        let mut pfc = IeeePfc { pfc_cap: 8, pfc_en: 0x08, mbc: 1, delay: 100, ..Default::default() };
+        pfc.requests[3] = 99;
+        o.pfc = Reading::value(Mechanism::DcbNetlink, pfc);
+        let p = plan(&d, &o);
+        assert!(p.writes_for(Knob::Pfc).next().is_none());
+        assert_eq!(p.knob(Knob::Pfc).unwrap().action, Action::Keep);
+    }
+
+    #[test]
+    fn pfc_change_keeps_cap_mbc_and_delay_and_zeroes_counters() {
+        let d = Desired::from_spec(&spec());
+        let mut o = correct(&d);
+        let mut pfc = IeeePfc { pfc_cap: 8, pfc_en: 0x00, mbc: 0, delay: 7, ..Default::default() };
+        pfc.indications[0] = 5;
+        o.pfc = Reading::value(Mechanism::DcbNetlink, pfc);
+        let p = plan(&d, &o);
+        assert_eq!(
+            p.writes,
+            vec![PlannedWrite {
+                knobs: vec![Knob::Pfc],
+                write: Write::Pfc(IeeePfc { pfc_cap: 8, pfc_en: 0x08, mbc: 0, delay: 7, ..Default::default() })
+            }]
+        );
+        let k = p.knob(Knob::Pfc).unwrap();
+        assert_eq!((k.desired.as_str(), k.observed.as_deref()), ("3", Some("none")));
+        assert_eq!(k.mechanism, Some(Mechanism::DcbNetlink));
+    }
+
+    #[test]
+    fn only_differing_ecn_priorities_are_written() {
+        let d = Desired::from_spec(&spec());
+        let mut o = correct(&d);
+        // Out-of-tree default: ECN on every priority.
+        o.ecn_np = Reading::value(Mechanism::Sysfs, (0..8).collect());
+        let p = plan(&d, &o);
+        let prios: Vec<(u8, bool)> = p
+            .writes
+            .iter()
+            .map(|w| match w.write {
+                Write::Ecn { point: EcnPoint::Notification, priority, enabled } => (priority, enabled),
+                ref other => panic!("unexpected {other:?}"),
+            })
+            .collect();
+        assert_eq!(prios, vec![(0, false), (1, false), (2, false), (4, false), (5, false), (6, false), (7, false)]);
+        assert_eq!(p.knob(Knob::EcnReactionPoint).unwrap().action, Action::Keep);
+    }
+
+    #[test]
+    fn stale_dscp_entries_are_removed_after_the_new_ones_are_added() {
+        let d = Desired::from_spec(&spec());
+        let mut o = correct(&d);
+        // mlx5 in DSCP trust lists all 64 DSCPs with prio = dscp >> 3; 26 -> 3 and 48 -> 6 hold there,
+        // so use a table where 26 maps to 0.
+        let mut table: Vec<DcbApp> = (0u8..64).map(|x| DcbApp::dscp(x, x >> 3)).collect();
+        table[26] = DcbApp::dscp(26, 0);
+        o.app = Reading::value(Mechanism::DcbNetlink, table);
+        let p = plan(&d, &o);
+        assert_eq!(
+            p.writes.iter().map(|w| w.write.clone()).collect::<Vec<_>>(),
+            vec![Write::AddApps(vec![DcbApp::dscp(26, 3)]), Write::DelApps(vec![DcbApp::dscp(26, 0)])]
+        );
+        assert_eq!(p.knob(Knob::DscpMap).unwrap().observed.as_deref(), Some("26:0,48:6"));
+        // The default mlx5 table already maps 26 -> 3 and 48 -> 6.
+        o.app = Reading::value(Mechanism::DcbNetlink, (0u8..64).map(|x| DcbApp::dscp(x, x >> 3)).collect());
+        assert!(plan(&d, &o).writes.is_empty());
+    }
+
+    #[test]
+    fn dcb_implied_trust_is_fixed_by_the_dscp_adds() {
+        let d = Desired::from_spec(&spec());
+        let mut o = correct(&d);
+        o.trust = Reading::value(Mechanism::DcbNetlink, Trust::Pcp);
+        o.app = Reading::value(Mechanism::DcbNetlink, vec![]);
+        let p = plan(&d, &o);
+        assert_eq!(
+            p.writes,
+            vec![PlannedWrite {
+                knobs: vec![Knob::DscpMap, Knob::Trust],
+                write: Write::AddApps(vec![DcbApp::dscp(26, 3), DcbApp::dscp(48, 6)])
+            }]
+        );
+        assert_eq!(p.knob(Knob::Trust).unwrap().action, Action::Change);
+        assert_eq!(p.knob(Knob::DscpMap).unwrap().observed.as_deref(), Some("26:-,48:-"));
+    }
+
+    #[test]
+    fn pcp_trust_drops_the_dscp_map_and_deletes_dscp_entries() {
+        let q = QosSpec { trust: Trust::Pcp, ..spec() };
+        let d = Desired::from_spec(&q);
+        assert!(!d.knobs().contains(&Knob::DscpMap));
+        let mut o = correct(&d);
+        o.trust = Reading::value(Mechanism::DcbNetlink, Trust::Dscp);
+        o.app = Reading::value(Mechanism::DcbNetlink, vec![DcbApp::dscp(26, 3), DcbApp { selector: 1, priority: 3, protocol: 0x8915 }]);
+        let p = plan(&d, &o);
+        assert_eq!(p.writes, vec![PlannedWrite { knobs: vec![Knob::Trust], write: Write::DelApps(vec![DcbApp::dscp(26, 3)]) }]);
+        assert!(p.knob(Knob::DscpMap).is_none());
+    }
+
+    #[test]
+    fn writes_follow_the_documented_order() {
+        let q = QosSpec {
+            pfc_priorities: vec![3, 4],
+            roce_priority: 3,
+            ecn: EcnSpec { enabled: true, priorities: Some(vec![3, 4]) },
+            cnp: CnpSpec { dscp: 46, priority: 5 },
+            mtu: 9000,
+            ..spec()
+        };
+        let d = Desired::from_spec(&q);
+        let o = Observed {
+            trust: Reading::value(Mechanism::Sysfs, Trust::Pcp),
+            app: Reading::value(Mechanism::DcbNetlink, vec![]),
+            pfc: Reading::value(Mechanism::DcbNetlink, IeeePfc::default()),
+            ecn_np: Reading::value(Mechanism::Sysfs, vec![]),
+            ecn_rp: Reading::value(Mechanism::Sysfs, vec![3]),
+            cnp_dscp: Reading::value(Mechanism::Debugfs, 48),
+            cnp_priority: Reading::value(Mechanism::Debugfs, 6),
+            roce_tos: Reading::value(Mechanism::Configfs, None),
+            roce_mode: Reading::value(Mechanism::Configfs, None),
+            mtu: Reading::value(Mechanism::Rtnetlink, 1500),
+            dcbx: None,
+        };
+        let p = plan(&d, &o);
+        let order: Vec<String> = p.writes.iter().map(|w| w.write.to_string()).collect();
+        assert_eq!(
+            order,
+            vec![
+                "sysfs qos/trust <- dscp",
+                "dcb app add dscp-prio 26:3,46:5",
+                "dcb pfc set prio-pfc 3,4 (pfc_en 0x18)",
+                "sysfs ecn/roce_np/enable/3 <- 1",
+                "sysfs ecn/roce_np/enable/4 <- 1",
+                "sysfs ecn/roce_rp/enable/4 <- 1",
+                "debugfs cc_params/np_cnp_dscp <- 46",
+                "debugfs cc_params/np_cnp_prio <- 5",
+                "configfs rdma_cm default_roce_mode <- RoCE v2",
+                "configfs rdma_cm default_roce_tos <- 106",
+                "rtnetlink mtu <- 9000",
+            ]
+        );
+        let knobs: Vec<Knob> = p.knobs.iter().map(|k| k.knob).collect();
+        assert_eq!(knobs, d.knobs(), "report order");
+        assert_eq!(p.knob(Knob::RoceTos).unwrap().observed.as_deref(), Some("not set (no rdma_cm entry)"));
+    }
+
+    #[test]
+    fn unsupported_and_unreadable_knobs_get_no_writes() {
+        let d = Desired::from_spec(&spec());
+        let no_dcb = "DCB netlink IEEE_GET on veth0: kernel returned EOPNOTSUPP".to_string();
+        let o = Observed {
+            trust: Reading::unsupported(no_dcb.clone()),
+            app: Reading::unsupported(no_dcb.clone()),
+            pfc: Reading::unsupported(no_dcb),
+            ecn_np: Reading::unsupported("no ECN files"),
+            ecn_rp: Reading::unsupported("no ECN files"),
+            cnp_dscp: Reading::unsupported("no cnp files"),
+            cnp_priority: Reading::failed(Mechanism::Debugfs, "permission denied"),
+            roce_tos: Reading::unsupported("no RDMA device"),
+            roce_mode: Reading::unsupported("no RDMA device"),
+            mtu: Reading::value(Mechanism::Rtnetlink, 1500),
+            dcbx: None,
+        };
+        let p = plan(&d, &o);
+        assert_eq!(p.writes, vec![PlannedWrite { knobs: vec![Knob::Mtu], write: Write::Mtu(4200) }]);
+        assert!(matches!(p.knob(Knob::Pfc).unwrap().action, Action::Unsupported(ref r) if r.contains("EOPNOTSUPP")));
+        assert_eq!(p.knob(Knob::CnpPriority).unwrap().action, Action::ReadFailed("permission denied".into()));
+        assert_eq!(p.knob(Knob::CnpPriority).unwrap().mechanism, Some(Mechanism::Debugfs));
+        assert!(!p.holds());
+    }
+
+    #[test]
+    fn disabled_ecn_means_every_priority_off() {
+        let q = QosSpec { ecn: EcnSpec { enabled: false, priorities: None }, ..spec() };
+        let d = Desired::from_spec(&q);
+        let mut o = correct(&d);
+        o.ecn_rp = Reading::value(Mechanism::Sysfs, vec![3]);
+        let p = plan(&d, &o);
+        assert_eq!(
+            p.writes.iter().map(|w| w.write.clone()).collect::<Vec<_>>(),
+            vec![Write::Ecn { point: EcnPoint::Reaction, priority: 3, enabled: false }]
+        );
+        assert_eq!(p.knob(Knob::EcnReactionPoint).unwrap().desired, "none");
+    }
+}
+
+#[cfg(test)]
+mod proptests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn reading<T: Clone + fmt::Debug + 'static>(v: impl Strategy<Value = T> + 'static) -> impl Strategy<Value = Reading<T>> {
+        prop_oneof![
+            4 => v.prop_map(|x| Reading::value(Mechanism::Sysfs, x)),
+            1 => Just(Reading::unsupported("nope")),
+            1 => Just(Reading::failed(Mechanism::Sysfs, "io")),
+        ]
+    }
+
+    fn prios() -> impl Strategy<Value = Vec<u8>> {
+        proptest::collection::btree_set(0u8..8, 0..8).prop_map(|s| s.into_iter().collect())
+    }
+
+    prop_compose! {
+        fn observed()(
+            trust in reading(prop_oneof![Just(Trust::Dscp), Just(Trust::Pcp)]),
+            app in reading(proptest::collection::vec((0u8..64, 0u8..8).prop_map(|(d, p)| DcbApp::dscp(d, p)), 0..6)),
+            pfc_en in reading(any::<u8>()),
+            np in reading(prios()), rp in reading(prios()),
+            cd in reading(0u8..64), cp in reading(0u8..8),
+            tos in reading(proptest::option::of(any::<u8>())),
+            mtu in reading(1280u32..9217),
+        ) -> Observed {
+            Observed {
+                trust, app, pfc: pfc_en.map(|pfc_en| IeeePfc { pfc_en, ..Default::default() }),
+                ecn_np: np, ecn_rp: rp, cnp_dscp: cd, cnp_priority: cp, roce_tos: tos,
+                roce_mode: Reading::value(Mechanism::Configfs, Some("RoCE v2".into())),
+                mtu, dcbx: None,
+            }
+        }
+    }
+
+    /// Apply a plan's writes to the observed state as an ideal driver would.
+    fn simulate(o: &Observed, p: &Plan) -> Observed {
+        let mut o = o.clone();
+        for w in &p.writes {
+            match &w.write {
+                Write::Trust(t) => o.trust = Reading::value(Mechanism::Sysfs, *t),
+                Write::AddApps(a) => {
+                    if let Reading::Value { value, .. } = &mut o.app {
+                        value.extend(a.iter().copied());
+                    }
+                }
+                Write::DelApps(a) => {
+                    if let Reading::Value { value, .. } = &mut o.app {
+                        value.retain(|x| !a.contains(x));
+                    }
+                }
+                Write::Pfc(pfc) => o.pfc = Reading::value(Mechanism::DcbNetlink, *pfc),
+                Write::Ecn { point, priority, enabled } => {
+                    let r = match point {
+                        EcnPoint::Notification => &mut o.ecn_np,
+                        EcnPoint::Reaction => &mut o.ecn_rp,
+                    };
+                    if let Reading::Value { value, .. } = r {
+                        value.retain(|p| p != priority);
+                        if *enabled {
+                            value.push(*priority);
+                            value.sort_unstable();
+                        }
+                    }
+                }
+                Write::CnpDscp { value, .. } => o.cnp_dscp = Reading::value(Mechanism::Sysfs, *value),
+                Write::CnpPriority { value, .. } => o.cnp_priority = Reading::value(Mechanism::Sysfs, *value),
+                Write::RoceMode(m) => o.roce_mode = Reading::value(Mechanism::Configfs, Some(m.clone())),
+                Write::RoceTos(t) => o.roce_tos = Reading::value(Mechanism::Configfs, Some(*t)),
+                Write::Mtu(m) => o.mtu = Reading::value(Mechanism::Rtnetlink, *m),
+            }
+        }
+        // DCB-implied trust follows the APP table.
+        if o.trust.mechanism() != Some(Mechanism::Sysfs)
+            && let (Reading::Value { .. }, Some(app)) = (&o.trust, o.app.get())
+        {
+            let t = if app.iter().any(|a| a.selector == APP_SEL_DSCP) { Trust::Dscp } else { Trust::Pcp };
+            o.trust = Reading::value(Mechanism::DcbNetlink, t);
+        }
+        o
+    }
+
+    proptest! {
+        /// Planning is deterministic, and after an ideal driver carries out the writes, every
+        /// supported and readable knob holds and a second plan writes nothing (idempotence).
+        #[test]
+        fn plans_converge_and_are_idempotent(o in observed(), q_pfc in prios().prop_filter("non-empty", |v| !v.is_empty())) {
+            let q = QosSpec { roce_priority: q_pfc[0], pfc_priorities: q_pfc, ..QosSpec::default() };
+            let d = Desired::from_spec(&q);
+            let p1 = plan(&d, &o);
+            prop_assert_eq!(&p1, &plan(&d, &o));
+            let after = simulate(&o, &p1);
+            let p2 = plan(&d, &after);
+            prop_assert!(p2.writes.is_empty(), "second plan writes {:?}", p2.writes);
+            for k in &p2.knobs {
+                let first = p1.knob(k.knob).expect("same knobs");
+                match &first.action {
+                    Action::Keep | Action::Change => prop_assert_eq!(&k.action, &Action::Keep, "{:?}", k.knob),
+                    _ => prop_assert_eq!(&k.action, &first.action),
+                }
+            }
+        }
+    }
+}
