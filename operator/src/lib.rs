@@ -1,1 +1,10 @@
 //! rocefabric operator library.
+pub mod apply;
+pub mod cli;
+pub mod controller;
+pub mod http;
+pub mod leader;
+pub mod metrics;
+pub mod planner;
+pub mod regions;
+pub mod snapshot;

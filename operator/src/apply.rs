@@ -1,0 +1,247 @@
+//! Executes one planned [`Write`] against the API server. No decisions are made here beyond
+//! what the API demands (which gate index to remove, treating "already gone" as done).
+//!
+//! | write | request |
+//! |---|---|
+//! | `ApplyRoceNode` | `PATCH /apis/rocefabric.io/v1alpha1/rocenodes/{name}?fieldManager=rocefabric-operator&force=true`, server-side apply of spec, label and controller owner reference |
+//! | `DeleteRoceNode` | `DELETE /apis/rocefabric.io/v1alpha1/rocenodes/{name}` (404 counts as done) |
+//! | `ApplyFabricStatus` | `PATCH /apis/rocefabric.io/v1alpha1/rocefabrics/{name}/status?fieldManager=rocefabric-operator&force=true`, server-side apply of the status subresource |
+//! | `AnnotatePodRegion` | `PATCH /api/v1/namespaces/{ns}/pods/{pod}?fieldManager=rocefabric-operator`, JSON merge patch of the annotation |
+//! | `RemovePodGate` | `GET` the pod, then `PATCH` (JSON patch) `test` that `spec.schedulingGates[i].name` is ours and `remove` index `i`; nothing is sent when the gate is already gone, and the gate is kept when the pod does not carry its region annotation |
+//! | `ApplyRegionDirectory` | `PATCH /api/v1/namespaces/{ns}/configmaps/{fabric}-regions?fieldManager=rocefabric-operator&force=true` |
+//! | `DeleteRegionDirectory` | `DELETE /api/v1/namespaces/{ns}/configmaps/{fabric}-regions` (404 counts as done) |
+//! | `Event` | `POST` (or `PATCH` for a repeat) `/apis/events.k8s.io/v1/namespaces/{ns}/events` through `kube::runtime::events::Recorder`; cluster-scoped objects' Events go to `default` |
+
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType, Recorder, Reporter};
+use kube::{Api, Client, Resource};
+use rocefabric_api::constants::{OPERATOR_FIELD_MANAGER, REGION_ANNOTATION, REGION_SCHEDULING_GATE};
+use rocefabric_api::{RoceFabric, RoceNode};
+use serde_json::json;
+
+use crate::planner::writes::{
+    EventType, Write, region_directory_name, region_directory_object, roce_node_object,
+};
+
+/// Action of every Event the operator records (events.k8s.io/v1 requires one).
+pub const EVENT_ACTION: &str = "Reconcile";
+
+/// Errors of one write.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    /// The API server refused or failed the request.
+    #[error("failed to {op} {target}: {source}")]
+    Api {
+        op: &'static str,
+        target: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// The gate was not removed: the pod does not carry its region annotation (yet).
+    #[error("kept scheduling gate {gate} on pod {namespace}/{pod}: the pod has no {annotation} annotation", gate = REGION_SCHEDULING_GATE, annotation = REGION_ANNOTATION)]
+    AnnotationMissing { namespace: String, pod: String },
+    /// A patch body could not be built.
+    #[error("failed to build the {op} patch for {target}: {source}")]
+    Body {
+        op: &'static str,
+        target: String,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+impl ApplyError {
+    /// Category for the `reconcile_failures_total{reason}` metric.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            ApplyError::Api { source: kube::Error::Api(status), .. } => match status.code {
+                403 => "forbidden",
+                404 => "not_found",
+                409 => "conflict",
+                422 => "invalid",
+                429 => "throttled",
+                500..=599 => "server_error",
+                _ => "api_error",
+            },
+            ApplyError::Api { .. } => "transport",
+            ApplyError::AnnotationMissing { .. } => "annotation_missing",
+            ApplyError::Body { .. } => "body",
+        }
+    }
+}
+
+/// What one write did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The request was sent and accepted.
+    Done,
+    /// Nothing needed sending (the object was already gone, the gate already removed).
+    AlreadyDone,
+}
+
+/// The client and Event recorder writes go through.
+#[derive(Clone)]
+pub struct Executor {
+    client: Client,
+    recorder: Recorder,
+}
+
+impl std::fmt::Debug for Executor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Executor").finish_non_exhaustive()
+    }
+}
+
+fn is_not_found(err: &kube::Error) -> bool {
+    matches!(err, kube::Error::Api(status) if status.code == 404)
+}
+
+fn ssa() -> PatchParams {
+    PatchParams::apply(OPERATOR_FIELD_MANAGER).force()
+}
+
+fn managed_patch() -> PatchParams {
+    PatchParams { field_manager: Some(OPERATOR_FIELD_MANAGER.to_string()), ..PatchParams::default() }
+}
+
+impl Executor {
+    /// An executor whose Events are reported by `rocefabric-operator` / `instance`.
+    pub fn new(client: Client, instance: impl Into<String>) -> Self {
+        let reporter = Reporter { controller: OPERATOR_FIELD_MANAGER.to_string(), instance: Some(instance.into()) };
+        let recorder = Recorder::new(client.clone(), reporter);
+        Self { client, recorder }
+    }
+
+    /// The client.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// Execute `write`.
+    #[tracing::instrument(skip_all, fields(kind = write.kind()))]
+    pub async fn execute(&self, write: &Write) -> Result<Outcome, ApplyError> {
+        match write {
+            Write::ApplyRoceNode { name, fabric_name, fabric_uid, spec } => {
+                let api: Api<RoceNode> = Api::all(self.client.clone());
+                let body = roce_node_object(name, fabric_name, fabric_uid, spec);
+                api.patch(name, &ssa(), &Patch::Apply(&body))
+                    .await
+                    .map_err(|source| ApplyError::Api { op: "apply", target: format!("rocenode {name}"), source })?;
+                tracing::debug!(rocenode = %name, fabric = %fabric_name, "applied rocenode");
+                Ok(Outcome::Done)
+            }
+            Write::DeleteRoceNode { name } => {
+                let api: Api<RoceNode> = Api::all(self.client.clone());
+                match api.delete(name, &DeleteParams::default()).await {
+                    Ok(_) => Ok(Outcome::Done),
+                    Err(e) if is_not_found(&e) => Ok(Outcome::AlreadyDone),
+                    Err(source) => Err(ApplyError::Api { op: "delete", target: format!("rocenode {name}"), source }),
+                }
+            }
+            Write::ApplyFabricStatus { fabric, status } => {
+                let api: Api<RoceFabric> = Api::all(self.client.clone());
+                let body = json!({
+                    "apiVersion": RoceFabric::api_version(&()),
+                    "kind": RoceFabric::kind(&()),
+                    "status": status,
+                });
+                match api.patch_status(fabric, &ssa(), &Patch::Apply(&body)).await {
+                    Ok(_) => Ok(Outcome::Done),
+                    // The fabric was deleted since the world was read: nothing to report on.
+                    Err(e) if is_not_found(&e) => Ok(Outcome::AlreadyDone),
+                    Err(source) => {
+                        Err(ApplyError::Api { op: "apply status of", target: format!("rocefabric {fabric}"), source })
+                    }
+                }
+            }
+            Write::AnnotatePodRegion { namespace, pod, value } => {
+                let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+                let body = json!({ "metadata": { "annotations": { REGION_ANNOTATION: value } } });
+                api.patch(pod, &managed_patch(), &Patch::Merge(&body)).await.map_err(|source| ApplyError::Api {
+                    op: "annotate",
+                    target: format!("pod {namespace}/{pod}"),
+                    source,
+                })?;
+                tracing::info!(%namespace, %pod, region = %value, "recorded region on pod");
+                Ok(Outcome::Done)
+            }
+            Write::RemovePodGate { namespace, pod, .. } => self.remove_gate(namespace, pod).await,
+            Write::ApplyRegionDirectory { namespace, fabric, fabric_uid, data } => {
+                let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), namespace);
+                let name = region_directory_name(fabric);
+                let body = region_directory_object(namespace, fabric, fabric_uid, data);
+                api.patch(&name, &ssa(), &Patch::Apply(&body)).await.map_err(|source| ApplyError::Api {
+                    op: "apply",
+                    target: format!("configmap {namespace}/{name}"),
+                    source,
+                })?;
+                Ok(Outcome::Done)
+            }
+            Write::DeleteRegionDirectory { namespace, fabric } => {
+                let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), namespace);
+                let name = region_directory_name(fabric);
+                match api.delete(&name, &DeleteParams::default()).await {
+                    Ok(_) => Ok(Outcome::Done),
+                    Err(e) if is_not_found(&e) => Ok(Outcome::AlreadyDone),
+                    Err(source) => {
+                        Err(ApplyError::Api { op: "delete", target: format!("configmap {namespace}/{name}"), source })
+                    }
+                }
+            }
+            Write::Event(event) => {
+                let ev = KubeEvent {
+                    type_: match event.type_ {
+                        EventType::Normal => KubeEventType::Normal,
+                        EventType::Warning => KubeEventType::Warning,
+                    },
+                    reason: event.reason.clone(),
+                    note: Some(event.message.clone()),
+                    action: EVENT_ACTION.to_string(),
+                    secondary: None,
+                };
+                self.recorder.publish(&ev, &event.regarding).await.map_err(|source| ApplyError::Api {
+                    op: "record event on",
+                    target: format!(
+                        "{} {}",
+                        event.regarding.kind.as_deref().unwrap_or("object"),
+                        event.regarding.name.as_deref().unwrap_or("")
+                    ),
+                    source,
+                })?;
+                Ok(Outcome::Done)
+            }
+        }
+    }
+
+    /// Remove our scheduling gate with a JSON patch that first tests the gate's index, so a
+    /// concurrent change of the gate list makes the patch fail instead of removing another gate.
+    async fn remove_gate(&self, namespace: &str, pod: &str) -> Result<Outcome, ApplyError> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let target = || format!("pod {namespace}/{pod}");
+        let Some(current) =
+            api.get_opt(pod).await.map_err(|source| ApplyError::Api { op: "get", target: target(), source })?
+        else {
+            return Ok(Outcome::AlreadyDone);
+        };
+        let gates = current.spec.as_ref().and_then(|s| s.scheduling_gates.as_deref()).unwrap_or_default();
+        let Some(index) = gates.iter().position(|g| g.name == REGION_SCHEDULING_GATE) else {
+            return Ok(Outcome::AlreadyDone);
+        };
+        let annotated = current.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(REGION_ANNOTATION));
+        if !annotated {
+            return Err(ApplyError::AnnotationMissing { namespace: namespace.to_string(), pod: pod.to_string() });
+        }
+        let ops = json!([
+            { "op": "test", "path": format!("/spec/schedulingGates/{index}/name"), "value": REGION_SCHEDULING_GATE },
+            { "op": "remove", "path": format!("/spec/schedulingGates/{index}") },
+        ]);
+        let patch: json_patch::Patch = serde_json::from_value(ops)
+            .map_err(|source| ApplyError::Body { op: "gate removal", target: target(), source })?;
+        api.patch(pod, &managed_patch(), &Patch::<()>::Json(patch))
+            .await
+            .map_err(|source| ApplyError::Api { op: "remove scheduling gate from", target: target(), source })?;
+        tracing::info!(%namespace, %pod, gate = REGION_SCHEDULING_GATE, "removed scheduling gate");
+        Ok(Outcome::Done)
+    }
+}

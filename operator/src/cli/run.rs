@@ -1,0 +1,143 @@
+//! `rocefabric-operator run`: the controller, leader-elected, with its HTTP endpoints.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Args, ValueEnum};
+use kube::Client;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::controller::{self, ControllerConfig};
+use crate::http::{self, AppState, Health};
+use crate::leader::{LeaderElector, LeaseConfig};
+use crate::metrics::Metrics;
+
+/// Log line format.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// One JSON object per line (for log collectors).
+    Json,
+    /// Human-readable lines.
+    #[default]
+    Text,
+}
+
+/// Arguments of `run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Name of the coordination.k8s.io Lease used for leader election.
+    #[arg(long, default_value = "rocefabric-operator")]
+    pub lease_name: String,
+    /// Namespace of the Lease (defaults to the namespace of the kubeconfig context, or the
+    /// service account's namespace in a cluster).
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub lease_namespace: Option<String>,
+    /// This replica's identity in the Lease (defaults to the hostname).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+    /// Address of /healthz, /readyz and /metrics.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    pub http_addr: SocketAddr,
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// Quiet time after a change before a reconcile pass, in milliseconds (changes that arrive
+    /// meanwhile join the same pass).
+    #[arg(long, default_value_t = 500)]
+    pub debounce_ms: u64,
+    /// Reconcile at least this often, in seconds, even when nothing changed.
+    #[arg(long, default_value_t = 300)]
+    pub resync_seconds: u64,
+}
+
+/// Set up the global `tracing` subscriber (`RUST_LOG` filters, default `info`), logging to stderr.
+pub fn init_tracing(format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // try_init: a second call (tests) keeps the first subscriber.
+    let _ = match format {
+        LogFormat::Json => builder.json().flatten_event(true).with_current_span(true).try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
+}
+
+fn hostname() -> Option<String> {
+    std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+}
+
+/// Wait for SIGTERM or SIGINT.
+async fn shutdown_signal() -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).context("failed to install the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("failed to install the SIGINT handler")?;
+    tokio::select! {
+        _ = term.recv() => tracing::info!(signal = "SIGTERM", "shutting down"),
+        _ = int.recv() => tracing::info!(signal = "SIGINT", "shutting down"),
+    }
+    Ok(())
+}
+
+/// Run the operator until SIGTERM or SIGINT.
+pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+    let config = kube::Config::infer().await.context(
+        "no Kubernetes configuration found: set KUBECONFIG (or create ~/.kube/config), \
+         or run inside a cluster with a service account",
+    )?;
+    let client = Client::try_from(config).context("failed to build a Kubernetes client from the configuration")?;
+    let namespace = args.lease_namespace.clone().unwrap_or_else(|| client.default_namespace().to_string());
+    let identity = args
+        .identity
+        .clone()
+        .or_else(hostname)
+        .context("no identity: pass --identity or set POD_NAME (the hostname could not be read)")?;
+    tracing::info!(lease = %args.lease_name, %namespace, %identity, "starting rocefabric-operator");
+
+    let shutdown = CancellationToken::new();
+    let metrics = Arc::new(Metrics::new());
+    let health = Arc::new(Health::default());
+    let (listener, addr) = http::bind(args.http_addr).await?;
+    tracing::info!(%addr, "http listening");
+    let http_task = tokio::spawn(http::serve(
+        listener,
+        AppState { health: health.clone(), metrics: metrics.clone() },
+        shutdown.clone(),
+    ));
+
+    let (leader_tx, leader_rx) = watch::channel(false);
+    let elector = LeaderElector::new(client.clone(), LeaseConfig::new(&args.lease_name, &namespace, &identity));
+    let elector_task = tokio::spawn(elector.run(leader_tx, shutdown.clone()));
+
+    let controller_config = ControllerConfig {
+        debounce: Duration::from_millis(args.debounce_ms),
+        resync: Duration::from_secs(args.resync_seconds.max(1)),
+        ..ControllerConfig::new(identity.clone())
+    };
+    let controller_task = tokio::spawn(controller::run(
+        client,
+        controller_config,
+        metrics,
+        health,
+        leader_rx,
+        shutdown.clone(),
+    ));
+
+    let signal_result = shutdown_signal().await;
+    shutdown.cancel();
+    // The controller finishes the write in flight and stops; then the Lease is released.
+    let controller_result = controller_task.await.context("controller task panicked")?;
+    elector_task.await.context("leader election task panicked")?;
+    let http_result = http_task.await.context("http task panicked")?;
+    signal_result?;
+    controller_result?;
+    http_result?;
+    tracing::info!("stopped");
+    Ok(())
+}

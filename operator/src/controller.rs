@@ -1,0 +1,679 @@
+//! The Kubernetes shell around the planner: watch caches, one reconcile loop, and the writer.
+//!
+//! Every replica watches RoceFabrics, Nodes (metadata only), RoceNodes, Pods (trimmed to what
+//! the planner reads) and the region directory ConfigMaps (label `rocefabric.io/fabric`) into
+//! reflector stores, and reports ready once all of them have listed. Only the leader plans and
+//! writes: on any change (debounced), on the plan's `requeue_after`, on a periodic resync, and
+//! when it becomes leader, it builds a [`World`] from the stores, calls [`planner::plan`] and
+//! executes the writes in order ([`reconcile_once`]).
+//!
+//! Failure policy: a failed write does not stop the pass (the writes are independent) except
+//! that a pod's gate removal is skipped when the same pod's annotation write failed. A pass with
+//! any failure counts in `reconcile_failures_total{reason}` and schedules a retry with
+//! exponential backoff (1 s doubling to 5 min); watch events still trigger passes meanwhile.
+//! Losing the Lease stops the pass before its next write.
+//!
+//! Fabric deletion: RoceNodes and region ConfigMaps carry a controller owner reference to their
+//! fabric, so the garbage collector removes them when the fabric goes. The planner also lists
+//! deletes for RoceNodes whose fabric is gone, and the executor sends them (404 counts as done),
+//! so cleanup does not depend on the garbage collector's timing.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt, stream};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, PodSpec, PodStatus};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, PartialObjectMeta};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource};
+use rocefabric_api::constants::{FABRIC_LABEL, REGION_ANNOTATION};
+use rocefabric_api::{NodeCounts, RoceFabric, RoceNode};
+use serde::de::DeserializeOwned;
+use tokio::sync::{Mutex, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::apply::{ApplyError, Executor, Outcome};
+use crate::http::Health;
+use crate::metrics::{FabricFigures, Metrics};
+use crate::planner::{self, Plan, PlanOptions, World, Write};
+use crate::regions::FreedRegions;
+
+/// Settings of the reconcile loop.
+#[derive(Clone, Debug)]
+pub struct ControllerConfig {
+    /// Reporting instance of Events (the replica's identity).
+    pub identity: String,
+    /// Quiet time after a change before a pass.
+    pub debounce: Duration,
+    /// A pass runs at least this often.
+    pub resync: Duration,
+    /// First retry delay after a failed pass.
+    pub backoff_min: Duration,
+    /// Longest retry delay.
+    pub backoff_max: Duration,
+    /// Planner knobs.
+    pub plan: PlanOptions,
+}
+
+impl ControllerConfig {
+    /// Defaults: 500 ms debounce, 5 min resync, backoff 1 s .. 5 min.
+    pub fn new(identity: impl Into<String>) -> Self {
+        Self {
+            identity: identity.into(),
+            debounce: Duration::from_millis(500),
+            resync: Duration::from_secs(300),
+            backoff_min: Duration::from_secs(1),
+            backoff_max: Duration::from_secs(300),
+            plan: PlanOptions::default(),
+        }
+    }
+}
+
+/// Errors that end the controller.
+#[derive(Debug, thiserror::Error)]
+pub enum ControllerError {
+    /// A watch cache's writer went away before it listed (the watch task ended).
+    #[error("the {resource} watch ended before its cache synced")]
+    CacheNeverSynced { resource: &'static str },
+}
+
+/// Why a pass failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    /// Some writes failed; the first is the source.
+    #[error("{failed} of {total} writes failed; first: {first}")]
+    Writes {
+        failed: usize,
+        total: usize,
+        #[source]
+        first: ApplyError,
+    },
+    /// Leadership was lost in the middle of the pass; the remaining writes were not sent.
+    #[error("lost leadership with {remaining} writes left unsent")]
+    NotLeader { remaining: usize },
+}
+
+impl ReconcileError {
+    /// Category for `reconcile_failures_total{reason}`.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            ReconcileError::Writes { first, .. } => first.metric_label(),
+            ReconcileError::NotLeader { .. } => "not_leader",
+        }
+    }
+}
+
+/// What one pass did.
+#[derive(Debug, Default)]
+pub struct PassSummary {
+    /// The plan, writes included.
+    pub plan: Plan,
+    /// Writes sent and accepted.
+    pub done: usize,
+    /// Writes that needed no request (already gone or already removed).
+    pub already_done: usize,
+    /// Gate removals skipped because the same pod's annotation write failed.
+    pub skipped: usize,
+    /// Failed writes, in order, with their kind.
+    pub failures: Vec<(&'static str, ApplyError)>,
+    /// Writes not sent because leadership was lost.
+    pub unsent: usize,
+}
+
+impl PassSummary {
+    /// The pass as a result for the error policy.
+    pub fn into_result(mut self) -> Result<Self, ReconcileError> {
+        if self.unsent > 0 {
+            return Err(ReconcileError::NotLeader { remaining: self.unsent });
+        }
+        if self.failures.is_empty() {
+            return Ok(self);
+        }
+        let failed = self.failures.len();
+        let total = self.plan.writes.len();
+        let (_, first) = self.failures.remove(0);
+        Err(ReconcileError::Writes { failed, total, first })
+    }
+}
+
+/// Pod annotations the operator wrote that the watch cache may not show yet.
+///
+/// A pass that ran on a cache still missing a just-written region annotation would see the pod
+/// without a region and could hand it another one. The overlay puts the written value back into
+/// the pod until the cache shows it (or the pod is gone, or `ttl` passes, after which the cache
+/// is trusted again).
+#[derive(Debug, Default)]
+pub struct AnnotationOverlay {
+    entries: HashMap<(String, String), (String, Instant)>,
+}
+
+impl AnnotationOverlay {
+    const TTL: Duration = Duration::from_secs(120);
+
+    /// Remember that `value` was written on `namespace/pod`.
+    pub fn record(&mut self, namespace: &str, pod: &str, value: &str) {
+        self.entries.insert((namespace.to_string(), pod.to_string()), (value.to_string(), Instant::now()));
+    }
+
+    /// Put remembered values into `pods`; forget those the cache shows, those of pods that are
+    /// gone, and those older than the TTL.
+    pub fn patch(&mut self, pods: &mut [Pod]) {
+        let now = Instant::now();
+        self.entries.retain(|_, (_, at)| now.duration_since(*at) < Self::TTL);
+        let mut seen = std::collections::HashSet::new();
+        for pod in pods.iter_mut() {
+            let key = (
+                pod.metadata.namespace.clone().unwrap_or_default(),
+                pod.metadata.name.clone().unwrap_or_default(),
+            );
+            let Some((value, _)) = self.entries.get(&key) else { continue };
+            seen.insert(key.clone());
+            let annotations = pod.metadata.annotations.get_or_insert_with(Default::default);
+            if annotations.get(REGION_ANNOTATION) == Some(value) {
+                self.entries.remove(&key);
+            } else {
+                annotations.insert(REGION_ANNOTATION.to_string(), value.clone());
+            }
+        }
+        self.entries.retain(|key, _| seen.contains(key));
+    }
+
+    /// Entries still held.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// No entries held.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+/// What a pass needs: the writer, metrics, planner options, leadership.
+pub struct Context {
+    pub executor: Executor,
+    pub metrics: Arc<Metrics>,
+    pub options: PlanOptions,
+    /// `true` while this replica may write.
+    pub leader: watch::Receiver<bool>,
+    pub overlay: Mutex<AnnotationOverlay>,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context").field("options", &self.options).finish_non_exhaustive()
+    }
+}
+
+impl Context {
+    /// A context that always holds leadership (tests, single-replica use).
+    pub fn always_leader(client: Client, identity: &str, metrics: Arc<Metrics>) -> Self {
+        let (_tx, leader) = watch::channel(true);
+        Self::new(client, identity, metrics, leader, PlanOptions::default())
+    }
+
+    /// A context gated by `leader`.
+    pub fn new(
+        client: Client,
+        identity: &str,
+        metrics: Arc<Metrics>,
+        leader: watch::Receiver<bool>,
+        options: PlanOptions,
+    ) -> Self {
+        Self {
+            executor: Executor::new(client, identity),
+            metrics,
+            options,
+            leader,
+            overlay: Mutex::new(AnnotationOverlay::default()),
+        }
+    }
+
+    fn is_leader(&self) -> bool {
+        *self.leader.borrow()
+    }
+}
+
+/// Execute `writes` in order (see the module doc for the failure policy).
+pub async fn execute_all(ctx: &Context, writes: &[Write], summary: &mut PassSummary) {
+    let mut failed_annotations: Vec<(&str, &str)> = Vec::new();
+    for (i, write) in writes.iter().enumerate() {
+        if !ctx.is_leader() {
+            summary.unsent = writes.len() - i;
+            tracing::warn!(unsent = summary.unsent, "lost leadership; stopping the pass");
+            return;
+        }
+        if let Write::RemovePodGate { namespace, pod, .. } = write
+            && failed_annotations.contains(&(namespace.as_str(), pod.as_str()))
+        {
+            tracing::warn!(%namespace, %pod, "keeping the scheduling gate: the region annotation was not written");
+            summary.skipped += 1;
+            continue;
+        }
+        match ctx.executor.execute(write).await {
+            Ok(Outcome::Done) => {
+                summary.done += 1;
+                ctx.metrics.write(write.kind());
+                if let Write::AnnotatePodRegion { namespace, pod, value } = write {
+                    ctx.overlay.lock().await.record(namespace, pod, value);
+                }
+            }
+            Ok(Outcome::AlreadyDone) => summary.already_done += 1,
+            Err(error) => {
+                tracing::warn!(kind = write.kind(), %error, "write failed");
+                ctx.metrics.failure(error.metric_label());
+                if let Write::AnnotatePodRegion { namespace, pod, .. } = write {
+                    failed_annotations.push((namespace, pod));
+                }
+                summary.failures.push((write.kind(), error));
+            }
+        }
+    }
+}
+
+fn figures(plan: &Plan) -> Vec<(String, FabricFigures)> {
+    plan.report
+        .fabrics
+        .iter()
+        .map(|f| {
+            (
+                f.name.clone(),
+                FabricFigures {
+                    nodes: NodeCounts {
+                        selected: f.selected_nodes,
+                        configured: f.configured_nodes,
+                        failed: f.failed_nodes,
+                        conflicting: f.conflicting_nodes,
+                    },
+                    regions_allocated: f.regions_allocated,
+                    regions_capacity: f.region_capacity,
+                },
+            )
+        })
+        .collect()
+}
+
+/// One pass: plan over `world`, execute the writes in order, update the metrics.
+#[tracing::instrument(skip_all, fields(fabrics = world.fabrics.len(), nodes = world.nodes.len(), pods = world.pods.len()))]
+pub async fn reconcile_once(ctx: &Context, world: &World) -> PassSummary {
+    let started = Instant::now();
+    let plan = planner::plan(world, &ctx.options);
+    let mut summary = PassSummary::default();
+    execute_all(ctx, &plan.writes, &mut summary).await;
+    let figures = figures(&plan);
+    ctx.metrics.set_fabrics(figures.iter().map(|(name, f)| (name.as_str(), f)));
+    ctx.metrics.pass(started.elapsed());
+    tracing::info!(
+        writes = plan.writes.len(),
+        done = summary.done,
+        already_done = summary.already_done,
+        skipped = summary.skipped,
+        failed = summary.failures.len(),
+        took_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        "reconciled"
+    );
+    summary.plan = plan;
+    summary
+}
+
+/// Exponential backoff for failed passes.
+#[derive(Clone, Debug)]
+pub struct Backoff {
+    min: Duration,
+    max: Duration,
+    next: Duration,
+}
+
+impl Backoff {
+    /// From `min` doubling up to `max`.
+    pub fn new(min: Duration, max: Duration) -> Self {
+        Self { min, max, next: min }
+    }
+
+    /// The next delay (and double the one after).
+    pub fn next_delay(&mut self) -> Duration {
+        let d = self.next;
+        self.next = (self.next * 2).min(self.max);
+        d
+    }
+
+    /// Back to `min` after a success.
+    pub fn reset(&mut self) {
+        self.next = self.min;
+    }
+}
+
+/// Strip a pod to what the planner reads (metadata without managedFields, node name,
+/// scheduling gates, phase and IPs): 50,000 pods fit in a few tens of MiB.
+pub fn trim_pod(pod: &mut Pod) {
+    pod.metadata.managed_fields = None;
+    if let Some(spec) = pod.spec.take() {
+        pod.spec = Some(PodSpec {
+            node_name: spec.node_name,
+            scheduling_gates: spec.scheduling_gates,
+            ..PodSpec::default()
+        });
+    }
+    if let Some(status) = pod.status.take() {
+        pod.status = Some(PodStatus {
+            phase: status.phase,
+            pod_ip: status.pod_ip,
+            pod_ips: status.pod_ips,
+            ..PodStatus::default()
+        });
+    }
+}
+
+/// The watch caches.
+#[derive(Clone)]
+pub struct Stores {
+    pub fabrics: Store<RoceFabric>,
+    pub nodes: Store<PartialObjectMeta<Node>>,
+    pub roce_nodes: Store<RoceNode>,
+    pub pods: Store<Pod>,
+    pub config_maps: Store<ConfigMap>,
+}
+
+impl std::fmt::Debug for Stores {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stores")
+            .field("fabrics", &self.fabrics.len())
+            .field("nodes", &self.nodes.len())
+            .field("roce_nodes", &self.roce_nodes.len())
+            .field("pods", &self.pods.len())
+            .field("config_maps", &self.config_maps.len())
+            .finish()
+    }
+}
+
+fn cloned<K: Clone>(store: &Store<K>) -> Vec<K>
+where
+    K: Resource + 'static,
+    K::DynamicType: std::hash::Hash + Eq + Clone,
+{
+    store.state().iter().map(|k| K::clone(k)).collect()
+}
+
+impl Stores {
+    /// The world as the caches hold it now.
+    pub fn world(&self, now: Timestamp, freed: FreedRegions) -> World {
+        let nodes = self
+            .nodes
+            .state()
+            .iter()
+            .map(|meta| Node { metadata: meta.metadata.clone(), spec: None, status: None })
+            .collect();
+        World {
+            fabrics: cloned(&self.fabrics),
+            nodes,
+            roce_nodes: cloned(&self.roce_nodes),
+            pods: cloned(&self.pods),
+            config_maps: cloned(&self.config_maps),
+            now,
+            freed,
+        }
+    }
+
+    /// Wait until every cache has listed once.
+    pub async fn wait_until_ready(&self) -> Result<(), ControllerError> {
+        let never = |resource| move |_| ControllerError::CacheNeverSynced { resource };
+        self.fabrics.wait_until_ready().await.map_err(never("rocefabrics"))?;
+        self.nodes.wait_until_ready().await.map_err(never("nodes"))?;
+        self.roce_nodes.wait_until_ready().await.map_err(never("rocenodes"))?;
+        self.pods.wait_until_ready().await.map_err(never("pods"))?;
+        self.config_maps.wait_until_ready().await.map_err(never("configmaps"))?;
+        Ok(())
+    }
+}
+
+/// A watch event reduced to what the loop needs: something changed, or the watch failed.
+pub enum Tick {
+    Changed,
+    Quiet,
+    Failed(&'static str, watcher::Error),
+}
+
+fn ticks<K>(resource: &'static str, events: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static)
+-> stream::BoxStream<'static, Tick> {
+    events
+        .map(move |event| match event {
+            Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone) => Tick::Changed,
+            Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => Tick::Quiet,
+            Err(error) => Tick::Failed(resource, error),
+        })
+        .boxed()
+}
+
+fn watch_into<K>(api: Api<K>, config: watcher::Config, resource: &'static str) -> (Store<K>, stream::BoxStream<'static, Tick>)
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+{
+    let (store, writer) = reflector::store();
+    let events = watcher(api, config).default_backoff().reflect(writer);
+    (store, ticks(resource, events))
+}
+
+/// Start the watches: the stores, and one stream of ticks that must be polled to fill them.
+pub fn watches(client: &Client) -> (Stores, stream::BoxStream<'static, Tick>) {
+    let (fabrics, f) = watch_into(Api::<RoceFabric>::all(client.clone()), watcher::Config::default(), "rocefabrics");
+    let (roce_nodes, r) = watch_into(Api::<RoceNode>::all(client.clone()), watcher::Config::default(), "rocenodes");
+    let (config_maps, c) = watch_into(
+        Api::<ConfigMap>::all(client.clone()),
+        watcher::Config::default().labels(FABRIC_LABEL),
+        "configmaps",
+    );
+    let (pods, pod_writer) = reflector::store();
+    let pod_events = watcher(Api::<Pod>::all(client.clone()), watcher::Config::default())
+        .modify(trim_pod)
+        .default_backoff()
+        .reflect(pod_writer);
+    let p = ticks("pods", pod_events);
+    // Nodes as metadata only: the planner selects by labels, and full Nodes (images,
+    // conditions) would dominate the operator's memory.
+    let (nodes, n) =
+        watch_into(Api::<PartialObjectMeta<Node>>::all(client.clone()), watcher::Config::default(), "nodes");
+    let stores = Stores { fabrics, nodes, roce_nodes, pods, config_maps };
+    (stores, stream::select_all([f, n, r, p, c]).boxed())
+}
+
+/// Run the controller until `shutdown`: watch, and while `leader` is true, reconcile.
+pub async fn run(
+    client: Client,
+    config: ControllerConfig,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    leader: watch::Receiver<bool>,
+    shutdown: CancellationToken,
+) -> Result<(), ControllerError> {
+    let (stores, mut tick_stream) = watches(&client);
+    let (changed_tx, changed_rx) = watch::channel(0u64);
+    let watch_metrics = metrics.clone();
+    let watch_shutdown = shutdown.clone();
+    let driver = tokio::spawn(async move {
+        loop {
+            let tick = tokio::select! {
+                () = watch_shutdown.cancelled() => break,
+                tick = tick_stream.next() => tick,
+            };
+            match tick {
+                Some(Tick::Changed) => {
+                    changed_tx.send_modify(|n| *n = n.wrapping_add(1));
+                }
+                Some(Tick::Quiet) => {}
+                Some(Tick::Failed(resource, error)) => {
+                    tracing::warn!(resource, %error, "watch failed; retrying with backoff");
+                    watch_metrics.failure("watch");
+                }
+                None => break,
+            }
+        }
+    });
+    let ctx = Context::new(client, &config.identity, metrics.clone(), leader, config.plan.clone());
+    let result = reconcile_loop(&ctx, &stores, &config, &health, changed_rx, shutdown.clone()).await;
+    shutdown.cancel();
+    if let Err(error) = driver.await {
+        tracing::warn!(%error, "watch task ended abnormally");
+    }
+    result
+}
+
+/// The loop proper, over stores that some other task keeps filled (tests drive it directly).
+pub async fn reconcile_loop(
+    ctx: &Context,
+    stores: &Stores,
+    config: &ControllerConfig,
+    health: &Health,
+    mut changed: watch::Receiver<u64>,
+    shutdown: CancellationToken,
+) -> Result<(), ControllerError> {
+    tokio::select! {
+        () = shutdown.cancelled() => return Ok(()),
+        ready = stores.wait_until_ready() => ready?,
+    }
+    health.set_ready(true);
+    ctx.metrics.cache_synced.set(1.0);
+    tracing::info!(?stores, "caches synced");
+
+    let mut leader = ctx.leader.clone();
+    let mut freed = FreedRegions::default();
+    let mut backoff = Backoff::new(config.backoff_min, config.backoff_max);
+    let mut next_pass = Instant::now();
+    let mut was_leader = false;
+    loop {
+        let is_leader = *leader.borrow_and_update();
+        ctx.metrics.leader.set(i64::from(is_leader));
+        if !is_leader {
+            was_leader = false;
+            // Followers keep their caches warm and wait.
+            tokio::select! {
+                () = shutdown.cancelled() => return Ok(()),
+                res = leader.changed() => if res.is_err() { return Ok(()) },
+            }
+            continue;
+        }
+        if !was_leader {
+            // Just became leader: a pass now, over whatever changed meanwhile.
+            was_leader = true;
+            next_pass = Instant::now();
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return Ok(()),
+            res = leader.changed() => {
+                if res.is_err() { return Ok(()) }
+                continue;
+            }
+            res = changed.changed() => {
+                if res.is_err() { return Ok(()) }
+                tokio::select! {
+                    () = shutdown.cancelled() => return Ok(()),
+                    () = tokio::time::sleep(config.debounce) => {}
+                }
+                changed.borrow_and_update();
+            }
+            () = tokio::time::sleep_until(next_pass) => {}
+        }
+        if !*leader.borrow() {
+            continue;
+        }
+        let mut world = stores.world(Timestamp::now(), freed.clone());
+        ctx.overlay.lock().await.patch(&mut world.pods);
+        let summary = reconcile_once(ctx, &world).await;
+        freed = summary.plan.freed.clone();
+        let requeue = summary.plan.requeue_after.map_or(config.resync, |r| r.min(config.resync));
+        match summary.into_result() {
+            Ok(_) => {
+                backoff.reset();
+                next_pass = Instant::now() + requeue;
+            }
+            Err(error) => {
+                let delay = backoff.next_delay().min(requeue);
+                tracing::warn!(%error, retry_in_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX), "reconcile failed");
+                if let ReconcileError::NotLeader { .. } = error {
+                    ctx.metrics.failure(error.metric_label());
+                }
+                next_pass = Instant::now() + delay;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_to_the_cap_and_resets() {
+        let mut b = Backoff::new(Duration::from_secs(1), Duration::from_secs(5));
+        let got: Vec<u64> = (0..5).map(|_| b.next_delay().as_secs()).collect();
+        assert_eq!(got, [1, 2, 4, 5, 5]);
+        b.reset();
+        assert_eq!(b.next_delay(), Duration::from_secs(1));
+    }
+
+    fn pod(ns: &str, name: &str, annotation: Option<&str>) -> Pod {
+        let mut p = Pod::default();
+        p.metadata.namespace = Some(ns.into());
+        p.metadata.name = Some(name.into());
+        if let Some(v) = annotation {
+            p.metadata.annotations = Some([(REGION_ANNOTATION.to_string(), v.to_string())].into());
+        }
+        p
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn overlay_fills_a_stale_cache_until_it_catches_up() {
+        let mut o = AnnotationOverlay::default();
+        o.record("ns", "a", "{\"id\":1}");
+        let mut pods = vec![pod("ns", "a", None), pod("ns", "b", None)];
+        o.patch(&mut pods);
+        assert_eq!(pods[0].metadata.annotations.as_ref().and_then(|a| a.get(REGION_ANNOTATION)).map(String::as_str), Some("{\"id\":1}"));
+        assert!(pods[1].metadata.annotations.is_none());
+        assert_eq!(o.len(), 1, "kept until the cache shows it");
+        let mut caught_up = vec![pod("ns", "a", Some("{\"id\":1}"))];
+        o.patch(&mut caught_up);
+        assert!(o.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn overlay_forgets_gone_pods_and_old_entries() {
+        let mut o = AnnotationOverlay::default();
+        o.record("ns", "gone", "x");
+        o.patch(&mut []);
+        assert!(o.is_empty());
+        o.record("ns", "a", "x");
+        tokio::time::advance(AnnotationOverlay::TTL).await;
+        let mut pods = vec![pod("ns", "a", None)];
+        o.patch(&mut pods);
+        assert!(pods[0].metadata.annotations.is_none(), "after the TTL the cache is trusted");
+        assert!(o.is_empty());
+    }
+
+    #[test]
+    fn trimmed_pod_keeps_what_the_planner_reads() {
+        let mut p: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "a", "namespace": "ns", "labels": {"app": "x"},
+                "annotations": {"rocefabric.io/region": "{}"},
+                "managedFields": [{"manager": "kubectl"}]},
+            "spec": {"nodeName": "n1", "schedulingGates": [{"name": "rocefabric.io/region"}],
+                "containers": [{"name": "c", "image": "busybox"}]},
+            "status": {"phase": "Running", "podIP": "10.0.0.1", "containerStatuses": []}
+        }))
+        .expect("valid pod");
+        trim_pod(&mut p);
+        assert!(p.metadata.managed_fields.is_none());
+        assert_eq!(p.metadata.labels.as_ref().map(|l| l.len()), Some(1));
+        let spec = p.spec.as_ref().expect("spec kept");
+        assert_eq!(spec.node_name.as_deref(), Some("n1"));
+        assert_eq!(spec.scheduling_gates.as_ref().map(|g| g.len()), Some(1));
+        assert!(spec.containers.is_empty());
+        let status = p.status.as_ref().expect("status kept");
+        assert_eq!(status.phase.as_deref(), Some("Running"));
+        assert_eq!(status.pod_ip.as_deref(), Some("10.0.0.1"));
+        assert!(status.container_statuses.is_none());
+    }
+}

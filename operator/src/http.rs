@@ -1,0 +1,112 @@
+//! The operator's HTTP endpoints: `/healthz` (the process serves), `/readyz` (every watched
+//! cache has listed once; true on followers too, which keep warm caches to take over fast) and
+//! `/metrics` (OpenMetrics text).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::Metrics;
+
+/// Readiness shared between the controller (which sets it) and the server (which reports it).
+#[derive(Debug, Default)]
+pub struct Health {
+    ready: AtomicBool,
+}
+
+impl Health {
+    /// Mark the caches synced (or not).
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::SeqCst);
+    }
+
+    /// Whether the caches have synced.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::SeqCst)
+    }
+}
+
+/// State of the HTTP handlers.
+#[derive(Clone, Debug)]
+pub struct AppState {
+    pub health: Arc<Health>,
+    pub metrics: Arc<Metrics>,
+}
+
+/// Errors of the HTTP server.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    #[error("failed to listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("http server on {addr} failed: {source}")]
+    Serve {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The router with the three endpoints.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .with_state(state)
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn readyz(State(state): State<AppState>) -> Response {
+    if state.health.is_ready() {
+        (StatusCode::OK, "ok\n").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "caches not synced\n").into_response()
+    }
+}
+
+async fn metrics(State(state): State<AppState>) -> Response {
+    match state.metrics.render() {
+        Ok(body) => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+            body,
+        )
+            .into_response(),
+        Err(error) => {
+            tracing::error!(%error, "failed to encode metrics");
+            (StatusCode::INTERNAL_SERVER_ERROR, "failed to encode metrics\n").into_response()
+        }
+    }
+}
+
+/// Bind `addr` (port 0 picks a free one); returns the listener and the address it got.
+pub async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), HttpError> {
+    let listener = TcpListener::bind(addr).await.map_err(|source| HttpError::Bind { addr, source })?;
+    let local = listener.local_addr().map_err(|source| HttpError::Bind { addr, source })?;
+    Ok((listener, local))
+}
+
+/// Serve on `listener` until `shutdown` is cancelled, then finish in-flight requests.
+pub async fn serve(listener: TcpListener, state: AppState, shutdown: CancellationToken) -> Result<(), HttpError> {
+    let addr = listener.local_addr().map_err(|source| HttpError::Bind { addr: ([0, 0, 0, 0], 0).into(), source })?;
+    tracing::info!(%addr, "serving /healthz, /readyz and /metrics");
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await
+        .map_err(|source| HttpError::Serve { addr, source })
+}
