@@ -144,7 +144,14 @@ pub struct RdmaPort {
 }
 
 impl PciFunction {
-    fn new(root: &str, bridges: &[&str], address: &str, vendor: u16, device: u16, class: u32) -> Self {
+    fn new(
+        root: &str,
+        bridges: &[&str],
+        address: &str,
+        vendor: u16,
+        device: u16,
+        class: u32,
+    ) -> Self {
         PciFunction {
             root: root.to_string(),
             bridges: bridges.iter().map(|b| b.to_string()).collect(),
@@ -187,7 +194,22 @@ fn guid_from_mac(m: [u8; 6]) -> u64 {
 /// Link-local GID (modified EUI-64 of the MAC).
 fn link_local(m: [u8; 6]) -> Ipv6Addr {
     Ipv6Addr::from([
-        0xfe, 0x80, 0, 0, 0, 0, 0, 0, m[0] ^ 0x02, m[1], m[2], 0xff, 0xfe, m[3], m[4], m[5],
+        0xfe,
+        0x80,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        m[0] ^ 0x02,
+        m[1],
+        m[2],
+        0xff,
+        0xfe,
+        m[3],
+        m[4],
+        m[5],
     ])
 }
 
@@ -231,7 +253,8 @@ fn mlx5_function(
     let mut f = PciFunction::new(root, bridges, address, 0x15b3, 0x1021, CLASS_ETHERNET);
     f.numa_node = Some(numa);
     f.driver = Some("mlx5_core".into());
-    f.netdevs.push(ethernet_netdev(netdev, m, Some(ip), dev_port));
+    f.netdevs
+        .push(ethernet_netdev(netdev, m, Some(ip), dev_port));
     f.rdma = Some(RdmaDevice {
         name: ibdev.to_string(),
         node_type: 1,
@@ -274,8 +297,14 @@ impl FixtureNode {
             functions.push(f);
         }
         // Onboard NIC without RDMA.
-        let mut onboard =
-            PciFunction::new("pci0000:0a", &["0000:0a:01.0"], "0000:0b:00.0", 0x8086, 0x1563, CLASS_ETHERNET);
+        let mut onboard = PciFunction::new(
+            "pci0000:0a",
+            &["0000:0a:01.0"],
+            "0000:0b:00.0",
+            0x8086,
+            0x1563,
+            CLASS_ETHERNET,
+        );
         onboard.numa_node = Some(0);
         onboard.driver = Some("ixgbe".into());
         onboard.netdevs.push(ethernet_netdev(
@@ -303,7 +332,10 @@ impl FixtureNode {
             let (rp, up) = (bdf(r, 1, 0), bdf(r + 1, 0, 0));
             let (down_nic, down_gpu) = (bdf(r + 2, 0, 0), bdf(r + 2, 1, 0));
             let (up2, down2) = (bdf(gpu_bus - 2, 0, 0), bdf(gpu_bus - 1, 0, 0));
-            let k: u32 = ibdev.trim_start_matches("mlx5_").parse().unwrap_or_default();
+            let k: u32 = ibdev
+                .trim_start_matches("mlx5_")
+                .parse()
+                .unwrap_or_default();
             functions.push(mlx5_function(
                 &root,
                 &[&rp, &up, &down_nic],
@@ -338,7 +370,10 @@ impl FixtureNode {
             let bridges = [bdf(r, 1, 0), bdf(r + 1, 0, 0), bdf(r + 2, 0, 0)];
             let bridges: Vec<&str> = bridges.iter().map(String::as_str).collect();
             for (func, ibdev) in names.into_iter().enumerate() {
-                let k: u32 = ibdev.trim_start_matches("mlx5_").parse().unwrap_or_default();
+                let k: u32 = ibdev
+                    .trim_start_matches("mlx5_")
+                    .parse()
+                    .unwrap_or_default();
                 let netdev = format!("enp{bus}s0f{func}np{func}");
                 let mut f = mlx5_function(
                     &root,
@@ -371,7 +406,12 @@ impl FixtureNode {
             f.numa_node = Some(1);
             f.driver = Some("ice".into());
             let m = mac([0x40, 0xa6, 0xb7, 0x2c], 0x00, func);
-            f.netdevs.push(ethernet_netdev(&netdev, m, Some(Ipv4Addr::new(10, 150, func, 10)), 0));
+            f.netdevs.push(ethernet_netdev(
+                &netdev,
+                m,
+                Some(Ipv4Addr::new(10, 150, func, 10)),
+                0,
+            ));
             f.rdma = Some(RdmaDevice {
                 name: format!("irdma{func}"),
                 node_type: 1,
@@ -384,7 +424,10 @@ impl FixtureNode {
             functions.push(f);
         }
         functions.sort_by(|a, b| a.address.cmp(&b.address));
-        FixtureNode { functions, gid_table_len: 255 }
+        FixtureNode {
+            functions,
+            gid_table_len: 255,
+        }
     }
 
     /// A fixture by name (see [`VARIANTS`]).
@@ -414,7 +457,9 @@ impl FixtureNode {
 
     /// The function holding RDMA device `ibdev`.
     pub fn rdma_function_mut(&mut self, ibdev: &str) -> Option<&mut PciFunction> {
-        self.functions.iter_mut().find(|f| f.rdma.as_ref().is_some_and(|r| r.name == ibdev))
+        self.functions
+            .iter_mut()
+            .find(|f| f.rdma.as_ref().is_some_and(|r| r.name == ibdev))
     }
 
     /// RDMA device `ibdev`.
@@ -424,7 +469,10 @@ impl FixtureNode {
 
     /// Netdev `name`.
     pub fn netdev_mut(&mut self, name: &str) -> Option<&mut Netdev> {
-        self.functions.iter_mut().flat_map(|f| f.netdevs.iter_mut()).find(|n| n.name == name)
+        self.functions
+            .iter_mut()
+            .flat_map(|f| f.netdevs.iter_mut())
+            .find(|n| n.name == name)
     }
 
     /// Port 1 of `ibdev` and its netdev go down (`1: DOWN`, `3: Disabled`, no carrier).
@@ -526,7 +574,11 @@ impl FixtureNode {
                 dir.push(b);
                 if bridges_done.insert(dir.clone()) {
                     // Root ports are the CPU's (Intel), deeper bridges a PCIe switch (Broadcom).
-                    let (vendor, device) = if depth == 0 { (0x8086, 0x352a) } else { (0x1000, 0xc030) };
+                    let (vendor, device) = if depth == 0 {
+                        (0x8086, 0x352a)
+                    } else {
+                        (0x1000, 0xc030)
+                    };
                     write_pci_attrs(root, &dir, vendor, device, CLASS_BRIDGE, f.numa_node)?;
                     symlink(root, &Path::new("bus/pci/devices").join(b), &dir)?;
                     write(root, &dir.join("driver_override"), "(null)\n")?;
@@ -555,12 +607,20 @@ impl FixtureNode {
                 m[0], m[1], m[2], m[3], m[4], m[5]
             );
             write(root, &nd.join("address"), &mac)?;
-            write(root, &nd.join("operstate"), if n.up { "up\n" } else { "down\n" })?;
+            write(
+                root,
+                &nd.join("operstate"),
+                if n.up { "up\n" } else { "down\n" },
+            )?;
             write(root, &nd.join("carrier"), if n.up { "1\n" } else { "0\n" })?;
             write(root, &nd.join("dev_port"), &format!("{}\n", n.dev_port))?;
             write(root, &nd.join("ifindex"), &format!("{ifindex}\n"))?;
             write(root, &nd.join("type"), &format!("{}\n", n.arp_type))?;
-            write(root, &nd.join("mtu"), if n.arp_type == 32 { "4092\n" } else { "9000\n" })?;
+            write(
+                root,
+                &nd.join("mtu"),
+                if n.arp_type == 32 { "4092\n" } else { "9000\n" },
+            )?;
             symlink(root, &nd.join("device"), &dir)?;
             symlink(root, &Path::new("class/net").join(&n.name), &nd)?;
             *ifindex += 1;
@@ -582,13 +642,25 @@ impl FixtureNode {
             _ => "0: <unknown>",
         };
         write(root, &ib.join("node_type"), &format!("{node_type}\n"))?;
-        write(root, &ib.join("node_guid"), &format!("{}\n", guid_text(r.node_guid)))?;
-        write(root, &ib.join("sys_image_guid"), &format!("{}\n", guid_text(r.node_guid)))?;
+        write(
+            root,
+            &ib.join("node_guid"),
+            &format!("{}\n", guid_text(r.node_guid)),
+        )?;
+        write(
+            root,
+            &ib.join("sys_image_guid"),
+            &format!("{}\n", guid_text(r.node_guid)),
+        )?;
         write(root, &ib.join("fw_ver"), &format!("{}\n", r.fw_ver))?;
         if let Some(t) = &r.hca_type {
             write(root, &ib.join("hca_type"), &format!("{t}\n"))?;
         }
-        write(root, &ib.join("node_desc"), &format!("fixture {}\n", r.name))?;
+        write(
+            root,
+            &ib.join("node_desc"),
+            &format!("fixture {}\n", r.name),
+        )?;
         symlink(root, &ib.join("device"), &dir)?;
         symlink(root, &Path::new("class/infiniband").join(&r.name), &ib)?;
         if let Some(n) = r.uverbs {
@@ -597,12 +669,19 @@ impl FixtureNode {
             write(root, &uv.join("abi_version"), "1\n")?;
             write(root, &uv.join("dev"), &format!("231:{}\n", 192 + n))?;
             symlink(root, &uv.join("device"), &dir)?;
-            symlink(root, &Path::new("class/infiniband_verbs").join(format!("uverbs{n}")), &uv)?;
+            symlink(
+                root,
+                &Path::new("class/infiniband_verbs").join(format!("uverbs{n}")),
+                &uv,
+            )?;
         }
         for p in &r.ports {
             let pd = ib.join("ports").join(p.number.to_string());
-            let (state, phys) =
-                if p.active { ("4: ACTIVE", "5: LinkUp") } else { ("1: DOWN", "3: Disabled") };
+            let (state, phys) = if p.active {
+                ("4: ACTIVE", "5: LinkUp")
+            } else {
+                ("1: DOWN", "3: Disabled")
+            };
             write(root, &pd.join("state"), &format!("{state}\n"))?;
             write(root, &pd.join("phys_state"), &format!("{phys}\n"))?;
             let ll = match p.link_layer {
@@ -614,7 +693,12 @@ impl FixtureNode {
             write(root, &pd.join("lid"), "0x0\n")?;
             write(root, &pd.join("sm_lid"), "0x0\n")?;
             write(root, &pd.join("cap_mask"), "0x04010000\n")?;
-            for c in ["port_xmit_data", "port_rcv_data", "port_xmit_packets", "port_rcv_packets"] {
+            for c in [
+                "port_xmit_data",
+                "port_rcv_data",
+                "port_xmit_packets",
+                "port_rcv_packets",
+            ] {
                 write(root, &pd.join("counters").join(c), "0\n")?;
             }
             for c in [
@@ -648,7 +732,11 @@ impl FixtureNode {
     fn write_gids(&self, root: &Path, pd: &Path, f: &PciFunction, p: &RdmaPort) -> io::Result<()> {
         let entries = match &p.gids {
             Some(g) => g.clone(),
-            None => roce_gid_table(p.netdev.as_deref().and_then(|n| f.netdevs.iter().find(|d| d.name == n))),
+            None => roce_gid_table(
+                p.netdev
+                    .as_deref()
+                    .and_then(|n| f.netdevs.iter().find(|d| d.name == n)),
+            ),
         };
         let len = self.gid_table_len.max(entries.len() as u32);
         for i in 0..len {
@@ -700,13 +788,20 @@ fn roce_gid_table(netdev: Option<&Netdev>) -> Vec<GidEntry> {
 
 /// `fe80:0000:0000:0000:a288:c2ff:fe3b:506a`: every group 4 digits, as sysfs prints GIDs.
 pub fn gid_text(gid: Ipv6Addr) -> String {
-    gid.segments().iter().map(|g| format!("{g:04x}")).collect::<Vec<_>>().join(":")
+    gid.segments()
+        .iter()
+        .map(|g| format!("{g:04x}"))
+        .collect::<Vec<_>>()
+        .join(":")
 }
 
 /// GUIDs print as four groups: `a088:c203:003b:506a`.
 fn guid_text(guid: u64) -> String {
     let b = guid.to_be_bytes();
-    (0..4).map(|i| format!("{:02x}{:02x}", b[2 * i], b[2 * i + 1])).collect::<Vec<_>>().join(":")
+    (0..4)
+        .map(|i| format!("{:02x}{:02x}", b[2 * i], b[2 * i + 1]))
+        .collect::<Vec<_>>()
+        .join(":")
 }
 
 fn write_pci_attrs(
@@ -761,7 +856,11 @@ pub fn kernfs_link_target(link: &Path, target: &Path) -> PathBuf {
     let link_dir = parts(link.parent().unwrap_or(Path::new("")));
     let tgt = parts(target);
     let tgt_parent = &tgt[..tgt.len().saturating_sub(1)];
-    let common = link_dir.iter().zip(tgt_parent).take_while(|(a, b)| a == b).count();
+    let common = link_dir
+        .iter()
+        .zip(tgt_parent)
+        .take_while(|(a, b)| a == b)
+        .count();
     let mut out = PathBuf::new();
     for _ in common..link_dir.len() {
         out.push("..");
@@ -783,6 +882,23 @@ fn symlink(root: &Path, link: &Path, target: &Path) -> io::Result<()> {
     std::os::unix::fs::symlink(kernfs_link_target(link, target), abs)
 }
 
+/// A temporary directory for a fixture tree: in `/dev/shm` when it exists (a tree is thousands of
+/// small files; on tmpfs it is written in milliseconds rather than the second a disk-backed
+/// `/tmp` can take), else in the default temp dir. Removed when dropped.
+pub fn tempdir() -> io::Result<tempfile::TempDir> {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir()
+        && let Ok(dir) = tempfile::Builder::new()
+            .prefix("rocefabric-sysfs-")
+            .tempdir_in(shm)
+    {
+        return Ok(dir);
+    }
+    tempfile::Builder::new()
+        .prefix("rocefabric-sysfs-")
+        .tempdir()
+}
+
 /// Set port `port` of `ibdev` in a written tree to ACTIVE/LinkUp (`up`) or DOWN/Disabled, with the
 /// carrier and operstate of the function's netdevs, as a cable pull or `ip link set down` does.
 pub fn set_port_state(root: &Path, ibdev: &str, port: u32, up: bool) -> io::Result<()> {
@@ -791,15 +907,25 @@ pub fn set_port_state(root: &Path, ibdev: &str, port: u32, up: bool) -> io::Resu
     if !pd.is_dir() {
         return Err(io::Error::new(
             io::ErrorKind::NotFound,
-            format!("no port {port} on RDMA device {ibdev} under {}", root.display()),
+            format!(
+                "no port {port} on RDMA device {ibdev} under {}",
+                root.display()
+            ),
         ));
     }
-    let (state, phys) = if up { ("4: ACTIVE", "5: LinkUp") } else { ("1: DOWN", "3: Disabled") };
+    let (state, phys) = if up {
+        ("4: ACTIVE", "5: LinkUp")
+    } else {
+        ("1: DOWN", "3: Disabled")
+    };
     fs::write(pd.join("state"), format!("{state}\n"))?;
     fs::write(pd.join("phys_state"), format!("{phys}\n"))?;
     if let Ok(entries) = fs::read_dir(ib.join("device/net")) {
         for e in entries.flatten() {
-            fs::write(e.path().join("operstate"), if up { "up\n" } else { "down\n" })?;
+            fs::write(
+                e.path().join("operstate"),
+                if up { "up\n" } else { "down\n" },
+            )?;
             fs::write(e.path().join("carrier"), if up { "1\n" } else { "0\n" })?;
         }
     }
@@ -808,11 +934,22 @@ pub fn set_port_state(root: &Path, ibdev: &str, port: u32, up: bool) -> io::Resu
 
 /// Remove every `class/<class>/*` link of a written tree whose target lies under `dir` (absolute).
 fn remove_class_links_into(root: &Path, dir: &Path) -> io::Result<()> {
-    for class in ["class/net", "class/infiniband", "class/infiniband_verbs", "class/infiniband_mad", "bus/pci/devices"] {
-        let Ok(entries) = fs::read_dir(root.join(class)) else { continue };
+    for class in [
+        "class/net",
+        "class/infiniband",
+        "class/infiniband_verbs",
+        "class/infiniband_mad",
+        "bus/pci/devices",
+    ] {
+        let Ok(entries) = fs::read_dir(root.join(class)) else {
+            continue;
+        };
         for e in entries.flatten() {
             let path = e.path();
-            if !path.symlink_metadata().is_ok_and(|m| m.file_type().is_symlink()) {
+            if !path
+                .symlink_metadata()
+                .is_ok_and(|m| m.file_type().is_symlink())
+            {
                 continue;
             }
             if fs::canonicalize(&path).is_ok_and(|t| t.starts_with(dir)) {
@@ -832,7 +969,9 @@ pub fn remove_rdma_device(root: &Path, ibdev: &str) -> io::Result<()> {
     let func = fs::canonicalize(link.join("device"))?;
     let mut dirs = vec![ib_dir];
     for sub in ["infiniband_verbs", "infiniband_mad"] {
-        let Ok(entries) = fs::read_dir(func.join(sub)) else { continue };
+        let Ok(entries) = fs::read_dir(func.join(sub)) else {
+            continue;
+        };
         for e in entries.flatten() {
             let owner = fs::read_to_string(e.path().join("ibdev")).unwrap_or_default();
             if owner.trim() == ibdev {
@@ -900,7 +1039,10 @@ mod tests {
             gid_text(Ipv4Addr::new(10, 200, 1, 10).to_ipv6_mapped()),
             "0000:0000:0000:0000:0000:ffff:0ac8:010a"
         );
-        assert_eq!(guid_text(guid_from_mac([0xa0, 0x88, 0xc2, 0x3b, 0x50, 0x6a])), "a088:c203:003b:506a");
+        assert_eq!(
+            guid_text(guid_from_mac([0xa0, 0x88, 0xc2, 0x3b, 0x50, 0x6a])),
+            "a088:c203:003b:506a"
+        );
     }
 
     #[test]

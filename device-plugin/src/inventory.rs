@@ -50,15 +50,26 @@ pub enum DeviceError {
         source: io::Error,
     },
     #[error("malformed {path}: {value:?} ({expected})")]
-    Malformed { path: PathBuf, value: String, expected: &'static str },
+    Malformed {
+        path: PathBuf,
+        value: String,
+        expected: &'static str,
+    },
 }
 
 fn read(path: &Path) -> Result<String, DeviceError> {
-    fs::read_to_string(path).map_err(|source| DeviceError::Read { path: path.to_path_buf(), source })
+    fs::read_to_string(path).map_err(|source| DeviceError::Read {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 fn malformed(path: &Path, value: &str, expected: &'static str) -> DeviceError {
-    DeviceError::Malformed { path: path.to_path_buf(), value: value.to_string(), expected }
+    DeviceError::Malformed {
+        path: path.to_path_buf(),
+        value: value.to_string(),
+        expected,
+    }
 }
 
 /// `"0x15b3\n"` -> 0x15b3.
@@ -90,10 +101,14 @@ fn read_numa(func: &Path) -> Result<Option<u32>, DeviceError> {
         Err(source) => return Err(DeviceError::Read { path, source }),
     };
     let t = text.trim();
-    let n: i64 = t.parse().map_err(|_| malformed(&path, t, "a decimal NUMA node or -1"))?;
+    let n: i64 = t
+        .parse()
+        .map_err(|_| malformed(&path, t, "a decimal NUMA node or -1"))?;
     match n {
         n if n < 0 => Ok(None),
-        n => u32::try_from(n).map(Some).map_err(|_| malformed(&path, t, "a decimal NUMA node or -1")),
+        n => u32::try_from(n)
+            .map(Some)
+            .map_err(|_| malformed(&path, t, "a decimal NUMA node or -1")),
     }
 }
 
@@ -119,7 +134,11 @@ fn read_port_state(path: &Path) -> Result<PortState, DeviceError> {
 /// Entries of a directory, sorted by name; a missing directory is empty.
 fn dir_names(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = fs::read_dir(dir)
-        .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
         .unwrap_or_default();
     names.sort();
     names
@@ -127,7 +146,10 @@ fn dir_names(dir: &Path) -> Vec<String> {
 
 /// Entries of a directory whose names are numbers, sorted numerically.
 fn numbered(dir: &Path) -> Vec<u32> {
-    let mut nums: Vec<u32> = dir_names(dir).iter().filter_map(|n| n.parse().ok()).collect();
+    let mut nums: Vec<u32> = dir_names(dir)
+        .iter()
+        .filter_map(|n| n.parse().ok())
+        .collect();
     nums.sort_unstable();
     nums
 }
@@ -140,24 +162,50 @@ struct PciFn {
 }
 
 fn resolve_function(root: &Path, link: &Path) -> Result<PciFn, DeviceError> {
-    let dir = fs::canonicalize(link)
-        .map_err(|source| DeviceError::Read { path: link.to_path_buf(), source })?;
-    let address = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let dir = fs::canonicalize(link).map_err(|source| DeviceError::Read {
+        path: link.to_path_buf(),
+        source,
+    })?;
+    let address = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     if !is_bdf(&address) {
-        return Err(malformed(link, &dir.to_string_lossy(), "a link to a PCI function dddd:bb:dd.f"));
+        return Err(malformed(
+            link,
+            &dir.to_string_lossy(),
+            "a link to a PCI function dddd:bb:dd.f",
+        ));
     }
     let rel = dir.strip_prefix(root).map_err(|_| {
-        malformed(link, &dir.to_string_lossy(), "a PCI function below the sysfs root")
+        malformed(
+            link,
+            &dir.to_string_lossy(),
+            "a PCI function below the sysfs root",
+        )
     })?;
     let pci_path = format!("/{}", rel.to_string_lossy());
-    Ok(PciFn { dir, address, pci_path })
+    Ok(PciFn {
+        dir,
+        address,
+        pci_path,
+    })
 }
 
 /// Discover HCAs (narrowed by `selector`) and GPUs under `sysfs_root`.
 pub fn discover(sysfs_root: &Path, selector: &NicSelector) -> Result<Inventory, DiscoverError> {
     let root = fs::canonicalize(sysfs_root)
-        .and_then(|r| if r.is_dir() { Ok(r) } else { Err(io::Error::other("not a directory")) })
-        .map_err(|source| DiscoverError::Root { path: sysfs_root.to_path_buf(), source })?;
+        .and_then(|r| {
+            if r.is_dir() {
+                Ok(r)
+            } else {
+                Err(io::Error::other("not a directory"))
+            }
+        })
+        .map_err(|source| DiscoverError::Root {
+            path: sysfs_root.to_path_buf(),
+            source,
+        })?;
     let mut hcas: Vec<Hca> = Vec::new();
     for name in dir_names(&root.join("class/infiniband")) {
         match read_hca(&root, &name, selector) {
@@ -205,7 +253,12 @@ fn read_hca(root: &Path, name: &str, selector: &NicSelector) -> Result<Option<Hc
         }
         Ok(_) => {}
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(source) => return Err(DeviceError::Read { path: node_type_path, source }),
+        Err(source) => {
+            return Err(DeviceError::Read {
+                path: node_type_path,
+                source,
+            });
+        }
     }
     let mut roce_port = None;
     for port in numbered(&ib.join("ports")) {
@@ -238,7 +291,9 @@ fn read_hca(root: &Path, name: &str, selector: &NicSelector) -> Result<Option<Hc
         return Ok(None);
     }
     let uverbs = find_uverbs(root, &func.dir, name);
-    let roce_v2_gid_index = netdev.as_deref().and_then(|n| roce_v2_ipv4_gid_index(&port_dir, n));
+    let roce_v2_gid_index = netdev
+        .as_deref()
+        .and_then(|n| roce_v2_ipv4_gid_index(&port_dir, n));
     let health = if state == PortState::Active && uverbs.is_some() {
         Health::Healthy
     } else {
@@ -270,7 +325,9 @@ fn port_netdev(ib: &Path, port_dir: &Path, port: u32) -> Option<String> {
     }
     let ndevs = port_dir.join("gid_attrs/ndevs");
     for i in numbered(&ndevs) {
-        let Ok(text) = fs::read_to_string(ndevs.join(i.to_string())) else { continue };
+        let Ok(text) = fs::read_to_string(ndevs.join(i.to_string())) else {
+            continue;
+        };
         let n = text.trim();
         if !n.is_empty() && (candidates.is_empty() || candidates.iter().any(|c| c == n)) {
             return Some(n.to_string());
@@ -285,8 +342,14 @@ fn port_netdev(ib: &Path, port_dir: &Path, port: u32) -> Option<String> {
 
 /// `uverbsN` of `ibdev`: from the function's `infiniband_verbs/`, else `class/infiniband_verbs/`.
 fn find_uverbs(root: &Path, func: &Path, ibdev: &str) -> Option<String> {
-    for dir in [func.join("infiniband_verbs"), root.join("class/infiniband_verbs")] {
-        for entry in dir_names(&dir).into_iter().filter(|n| n.starts_with("uverbs")) {
+    for dir in [
+        func.join("infiniband_verbs"),
+        root.join("class/infiniband_verbs"),
+    ] {
+        for entry in dir_names(&dir)
+            .into_iter()
+            .filter(|n| n.starts_with("uverbs"))
+        {
             let owner = fs::read_to_string(dir.join(&entry).join("ibdev"));
             if owner.is_ok_and(|o| o.trim() == ibdev) {
                 return Some(entry);
@@ -298,8 +361,11 @@ fn find_uverbs(root: &Path, func: &Path, ibdev: &str) -> Option<String> {
 
 /// Parse a sysfs GID (`0000:...:ffff:0ac8:010a`).
 fn parse_gid(text: &str) -> Option<Ipv6Addr> {
-    let groups: Vec<u16> =
-        text.trim().split(':').map(|g| u16::from_str_radix(g, 16).ok()).collect::<Option<_>>()?;
+    let groups: Vec<u16> = text
+        .trim()
+        .split(':')
+        .map(|g| u16::from_str_radix(g, 16).ok())
+        .collect::<Option<_>>()?;
     let g: [u16; 8] = groups.try_into().ok()?;
     Some(Ipv6Addr::from(g))
 }
@@ -314,12 +380,16 @@ pub fn roce_v2_ipv4_gid_index(port_dir: &Path, netdev: &str) -> Option<u32> {
     for i in indexes {
         let idx = i.to_string();
         // Unused entries fail to read (EINVAL): not an error, just not this index.
-        let Ok(kind) = fs::read_to_string(types.join(&idx)) else { continue };
+        let Ok(kind) = fs::read_to_string(types.join(&idx)) else {
+            continue;
+        };
         if kind.trim() != "RoCE v2" {
             continue;
         }
         let gid_path = port_dir.join("gids").join(&idx);
-        let Ok(gid_text) = fs::read_to_string(&gid_path) else { continue };
+        let Ok(gid_text) = fs::read_to_string(&gid_path) else {
+            continue;
+        };
         let Some(gid) = parse_gid(&gid_text) else {
             warn!(path = %gid_path.display(), value = %gid_text.trim(), "skipping malformed GID entry");
             continue;
