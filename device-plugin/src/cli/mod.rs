@@ -1,5 +1,7 @@
 //! Command-line surface of the node daemon. Each subcommand lives in its own module.
 
+pub mod discover;
+
 use clap::{Parser, Subcommand};
 
 /// rocefabric node daemon: RDMA HCA and GPU discovery, kubelet device plugin, RoCE QoS agent.
@@ -12,10 +14,14 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Print the RoCE HCAs, GPUs and their PCIe topology found in sysfs.
+    Discover(discover::Args),
     // Subcommands are added by their modules: discover, serve, qos, agent.
 }
 
 /// Run the parsed command line.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
-    match cli.command {}
+    match cli.command {
+        Command::Discover(args) => discover::run(args),
+    }
 }

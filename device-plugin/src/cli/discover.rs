@@ -1,0 +1,328 @@
+//! `rocefabric-device-plugin discover`: print what discovery finds on this node (or in a sysfs
+//! tree, or in a built-in fixture): the RoCE HCAs, the GPUs and the GPU x HCA PCIe distance
+//! matrix in the classes `nvidia-smi topo -m` uses.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use clap::builder::PossibleValuesParser;
+use serde::Serialize;
+
+use crate::config::Config;
+use crate::fixtures::{self, FixtureNode};
+use crate::inventory;
+use crate::model::{Distance, Gpu, Hca, Inventory, PortState};
+use crate::topology;
+
+/// Output format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    /// HCA and GPU lists and a GPU x HCA matrix like `nvidia-smi topo -m`.
+    Table,
+    /// `{hcas: [...], gpus: [...], topology: {gpuPciAddress: {hcaPciAddress: "PXB"}}, gpuHcaPairs}`.
+    Json,
+}
+
+/// Arguments of `discover`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Root of the sysfs tree to read.
+    #[arg(long, value_name = "DIR", default_value = "/sys")]
+    pub sysfs_root: PathBuf,
+    /// Device plugin config file; its `hca.selector` narrows the HCAs shown.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Output format.
+    #[arg(long, short = 'o', value_enum, default_value_t = Output::Table)]
+    pub output: Output,
+    /// Discover a built-in fixture tree (written to a temporary directory) instead of
+    /// `--sysfs-root`: a demo without the hardware.
+    #[arg(
+        long,
+        value_name = "NAME",
+        conflicts_with = "sysfs_root",
+        value_parser = PossibleValuesParser::new(fixtures::VARIANTS)
+    )]
+    pub fixture: Option<String>,
+}
+
+/// Run `discover`.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+
+    let config = match &args.config {
+        Some(path) => Config::load(path)?,
+        None => Config::default(),
+    };
+    let inv = match &args.fixture {
+        Some(name) => {
+            let node =
+                FixtureNode::variant(name).with_context(|| format!("unknown fixture {name:?}"))?;
+            let dir = fixtures::tempdir().context("failed to create a temporary directory")?;
+            node.write_to(dir.path()).with_context(|| {
+                format!("failed to write fixture {name} to {}", dir.path().display())
+            })?;
+            inventory::discover(dir.path(), &config.hca.selector)?
+        }
+        None => inventory::discover(&args.sysfs_root, &config.hca.selector)?,
+    };
+    let text = match args.output {
+        Output::Json => {
+            let mut s = serde_json::to_string_pretty(&Report::new(&inv))?;
+            s.push('\n');
+            s
+        }
+        Output::Table => table(&inv),
+    };
+    print!("{text}");
+    Ok(())
+}
+
+/// The JSON document.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Report {
+    pub hcas: Vec<HcaView>,
+    pub gpus: Vec<GpuView>,
+    /// `{gpuPciAddress: {hcaPciAddress: "PXB"}}`.
+    pub topology: BTreeMap<String, BTreeMap<String, Distance>>,
+    /// The `rdma/gpu-hca` rails: each GPU with its closest PIX/PXB HCA.
+    pub gpu_hca_pairs: Vec<PairView>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HcaView {
+    pub name: String,
+    pub pci_address: String,
+    /// `"0x15b3"`.
+    pub vendor: String,
+    /// `"0x1021"`.
+    pub device_id: String,
+    pub port: u32,
+    pub netdev: Option<String>,
+    pub numa_node: Option<u32>,
+    pub state: PortState,
+    pub uverbs: Option<String>,
+    pub roce_v2_gid_index: Option<u32>,
+    pub health: &'static str,
+    pub pci_path: String,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuView {
+    pub pci_address: String,
+    pub index: u32,
+    pub device_id: String,
+    pub numa_node: Option<u32>,
+    pub health: &'static str,
+    pub pci_path: String,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PairView {
+    pub gpu_pci_address: String,
+    pub gpu_index: u32,
+    pub hca_pci_address: String,
+    pub rdma_device: String,
+    pub distance: Distance,
+}
+
+impl Report {
+    pub fn new(inv: &Inventory) -> Report {
+        Report {
+            hcas: inv.hcas.iter().map(hca_view).collect(),
+            gpus: inv.gpus.iter().map(gpu_view).collect(),
+            topology: topology::matrix(inv),
+            gpu_hca_pairs: topology::gpu_hca_pairs(inv)
+                .into_iter()
+                .map(|(g, h, d)| PairView {
+                    gpu_pci_address: g.pci_address.clone(),
+                    gpu_index: g.index,
+                    hca_pci_address: h.pci_address.clone(),
+                    rdma_device: h.name.clone(),
+                    distance: d,
+                })
+                .collect(),
+        }
+    }
+}
+
+fn hca_view(h: &Hca) -> HcaView {
+    HcaView {
+        name: h.name.clone(),
+        pci_address: h.pci_address.clone(),
+        vendor: format!("0x{:04x}", h.vendor),
+        device_id: format!("0x{:04x}", h.device_id),
+        port: h.port,
+        netdev: h.netdev.clone(),
+        numa_node: h.numa_node,
+        state: h.state,
+        uverbs: h.uverbs.clone(),
+        roce_v2_gid_index: h.roce_v2_gid_index,
+        health: h.health.as_str(),
+        pci_path: h.pci_path.clone(),
+    }
+}
+
+fn gpu_view(g: &Gpu) -> GpuView {
+    GpuView {
+        pci_address: g.pci_address.clone(),
+        index: g.index,
+        device_id: format!("0x{:04x}", g.device_id),
+        numa_node: g.numa_node,
+        health: g.health.as_str(),
+        pci_path: g.pci_path.clone(),
+    }
+}
+
+fn opt<T: ToString>(v: &Option<T>) -> String {
+    v.as_ref()
+        .map_or_else(|| "-".to_string(), ToString::to_string)
+}
+
+fn state_text(s: PortState) -> &'static str {
+    match s {
+        PortState::Nop => "NOP",
+        PortState::Down => "DOWN",
+        PortState::Init => "INIT",
+        PortState::Armed => "ARMED",
+        PortState::Active => "ACTIVE",
+        PortState::ActiveDefer => "ACTIVE_DEFER",
+        PortState::Unknown => "UNKNOWN",
+    }
+}
+
+fn distance_text(d: Distance) -> &'static str {
+    match d {
+        Distance::PIX => "PIX",
+        Distance::PXB => "PXB",
+        Distance::PHB => "PHB",
+        Distance::NODE => "NODE",
+        Distance::SYS => "SYS",
+    }
+}
+
+/// Left-aligned columns separated by two spaces.
+fn columns(rows: &[Vec<String>]) -> String {
+    let width = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..width)
+        .map(|c| {
+            rows.iter()
+                .filter_map(|r| r.get(c))
+                .map(String::len)
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for r in rows {
+        let line: Vec<String> = r
+            .iter()
+            .enumerate()
+            .map(|(i, cell)| format!("{cell:<w$}", w = widths[i]))
+            .collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// The human-readable report.
+pub fn table(inv: &Inventory) -> String {
+    let mut out = String::new();
+    out.push_str("RoCE HCAs\n");
+    if inv.hcas.is_empty() {
+        out.push_str("  (none)\n");
+    } else {
+        let mut rows = vec![
+            [
+                "NAME",
+                "PCI ADDRESS",
+                "VENDOR:DEVICE",
+                "PORT",
+                "NETDEV",
+                "STATE",
+                "NUMA",
+                "GID",
+                "UVERBS",
+                "HEALTH",
+            ]
+            .map(String::from)
+            .to_vec(),
+        ];
+        for h in &inv.hcas {
+            rows.push(vec![
+                h.name.clone(),
+                h.pci_address.clone(),
+                format!("{:04x}:{:04x}", h.vendor, h.device_id),
+                h.port.to_string(),
+                opt(&h.netdev),
+                state_text(h.state).to_string(),
+                opt(&h.numa_node),
+                opt(&h.roce_v2_gid_index),
+                opt(&h.uverbs),
+                h.health.as_str().to_string(),
+            ]);
+        }
+        out.push_str(&columns(&rows));
+    }
+    out.push_str("\nGPUs\n");
+    if inv.gpus.is_empty() {
+        out.push_str("  (none)\n");
+    } else {
+        let mut rows = vec![
+            ["GPU", "PCI ADDRESS", "DEVICE", "NUMA", "RAIL"]
+                .map(String::from)
+                .to_vec(),
+        ];
+        for g in &inv.gpus {
+            let rail = topology::closest_hca(inv, g).map_or_else(
+                || "-".to_string(),
+                |(h, d)| format!("{} ({})", h.name, distance_text(d)),
+            );
+            rows.push(vec![
+                format!("GPU{}", g.index),
+                g.pci_address.clone(),
+                format!("{:04x}", g.device_id),
+                opt(&g.numa_node),
+                rail,
+            ]);
+        }
+        out.push_str(&columns(&rows));
+    }
+    if !inv.gpus.is_empty() && !inv.hcas.is_empty() {
+        out.push_str("\nTopology (GPU x HCA)\n");
+        let mut header = vec![String::new()];
+        header.extend(inv.hcas.iter().map(|h| h.name.clone()));
+        header.push("NUMA".into());
+        let mut rows = vec![header];
+        for g in &inv.gpus {
+            let mut row = vec![format!("GPU{}", g.index)];
+            row.extend(
+                inv.hcas
+                    .iter()
+                    .map(|h| distance_text(topology::gpu_hca_distance(g, h)).to_string()),
+            );
+            row.push(opt(&g.numa_node));
+            rows.push(row);
+        }
+        out.push_str(&columns(&rows));
+        let _ = write!(
+            out,
+            "\nLegend:\n  PIX  = at most one PCIe switch\n  PXB  = several PCIe bridges, no host bridge\n  \
+             PHB  = a PCIe host bridge (the CPU)\n  NODE = between host bridges within one NUMA node\n  \
+             SYS  = across NUMA nodes (or NUMA unknown)\n"
+        );
+    }
+    out
+}
