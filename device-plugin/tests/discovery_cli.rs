@@ -1,0 +1,228 @@
+//! `rocefabric-device-plugin discover` driven as a user would: the built binary on fixture trees.
+
+use std::process::{Command, Output};
+
+use rocefabric_device_plugin::fixtures::{self, FixtureNode};
+use serde_json::Value;
+
+fn bin(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_rocefabric-device-plugin"))
+        .args(args)
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap()
+}
+
+fn json(args: &[&str]) -> Value {
+    let out = bin(args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn json_output_has_the_documented_fields() {
+    let dir = fixtures::tempdir().unwrap();
+    FixtureNode::dgx_h100().write_to(dir.path()).unwrap();
+    let root = dir.path().to_str().unwrap();
+    let v = json(&["discover", "--sysfs-root", root, "--output", "json"]);
+
+    let hcas = v["hcas"].as_array().unwrap();
+    assert_eq!(hcas.len(), 14);
+    let h = &hcas[0];
+    assert_eq!(h["name"], "mlx5_0");
+    assert_eq!(h["pciAddress"], "0000:18:00.0");
+    assert_eq!(h["netdev"], "enp24s0np0");
+    assert_eq!(h["numaNode"], 0);
+    assert_eq!(h["state"], "ACTIVE");
+    assert_eq!(h["roceV2GidIndex"], 3);
+    assert_eq!(h["health"], "Healthy");
+    assert_eq!(h["uverbs"], "uverbs2");
+    assert_eq!(h["vendor"], "0x15b3");
+    assert_eq!(h["deviceId"], "0x1021");
+
+    let gpus = v["gpus"].as_array().unwrap();
+    assert_eq!(gpus.len(), 8);
+    assert_eq!(gpus[0]["pciAddress"], "0000:1b:00.0");
+    assert_eq!(gpus[0]["index"], 0);
+    assert_eq!(gpus[0]["numaNode"], 0);
+    assert_eq!(gpus[7]["pciAddress"], "0000:df:00.0");
+    assert_eq!(gpus[7]["index"], 7);
+    assert_eq!(gpus[7]["numaNode"], 1);
+
+    let topo = v["topology"].as_object().unwrap();
+    assert_eq!(topo.len(), 8);
+    assert_eq!(topo["0000:1b:00.0"]["0000:18:00.0"], "PXB");
+    assert_eq!(topo["0000:1b:00.0"]["0000:40:00.0"], "NODE");
+    assert_eq!(topo["0000:1b:00.0"]["0000:9a:00.0"], "SYS");
+    assert_eq!(topo["0000:df:00.0"]["0000:dc:00.0"], "PXB");
+    assert_eq!(topo["0000:df:00.0"].as_object().unwrap().len(), 14);
+
+    let pairs = v["gpuHcaPairs"].as_array().unwrap();
+    assert_eq!(pairs.len(), 8);
+    assert_eq!(pairs[1]["gpuPciAddress"], "0000:43:00.0");
+    assert_eq!(pairs[1]["rdmaDevice"], "mlx5_3");
+    assert_eq!(pairs[1]["distance"], "PXB");
+}
+
+#[test]
+fn json_reports_unknown_numa_and_down_ports_as_such() {
+    let dir = fixtures::tempdir().unwrap();
+    FixtureNode::dgx_h100()
+        .with_port_down("mlx5_3")
+        .with_gpu_numa("0000:61:00.0", None)
+        .write_to(dir.path())
+        .unwrap();
+    let v = json(&[
+        "discover",
+        "--sysfs-root",
+        dir.path().to_str().unwrap(),
+        "-o",
+        "json",
+    ]);
+    let mlx5_3 = v["hcas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["name"] == "mlx5_3")
+        .unwrap();
+    assert_eq!(mlx5_3["state"], "DOWN");
+    assert_eq!(mlx5_3["health"], "Unhealthy");
+    assert_eq!(v["gpus"][3]["numaNode"], Value::Null);
+    assert_eq!(v["topology"]["0000:61:00.0"]["0000:18:00.0"], "SYS");
+}
+
+#[test]
+fn table_output_shows_the_matrix() {
+    let out = bin(&["discover", "--fixture", "dgx-h100"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let header = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("mlx5_0  mlx5_1"))
+        .unwrap();
+    let cols: Vec<&str> = header.split_whitespace().collect();
+    assert_eq!(cols.len(), 15, "14 HCAs and NUMA: {header}");
+    assert_eq!(cols[14], "NUMA");
+    let matrix = &text[text.find("Topology").unwrap()..];
+    let gpu0: Vec<&str> = matrix
+        .lines()
+        .find(|l| l.starts_with("GPU0 "))
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    assert_eq!(gpu0[0], "GPU0");
+    assert_eq!(
+        gpu0[1..],
+        [
+            "PXB", "NODE", "NODE", "NODE", "NODE", "NODE", "SYS", "SYS", "SYS", "SYS", "SYS",
+            "SYS", "SYS", "SYS", "0"
+        ]
+    );
+    assert!(text.contains("mlx5_0   0000:18:00.0"), "{text}");
+}
+
+#[test]
+fn config_selector_narrows_the_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("config.yaml");
+    std::fs::write(&cfg, "hca:\n  selector:\n    vendors: [\"8086\"]\n").unwrap();
+    let v = json(&[
+        "discover",
+        "--fixture",
+        "dgx-h100",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--output",
+        "json",
+    ]);
+    let names: Vec<&str> = v["hcas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["irdma0", "irdma1"]);
+    assert!(v["gpuHcaPairs"].as_array().unwrap().is_empty());
+}
+
+#[test]
+fn variants_are_available_as_fixtures() {
+    let v = json(&[
+        "discover",
+        "--fixture",
+        "dgx-h100-ib-port",
+        "--output",
+        "json",
+    ]);
+    assert_eq!(v["hcas"].as_array().unwrap().len(), 13);
+    let v = json(&[
+        "discover",
+        "--fixture",
+        "dgx-h100-no-rdma",
+        "--output",
+        "json",
+    ]);
+    assert!(v["hcas"].as_array().unwrap().is_empty());
+    assert_eq!(v["gpus"].as_array().unwrap().len(), 8);
+    let out = bin(&["discover", "--fixture", "dgx-h100-no-rdma"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("(none)"));
+}
+
+#[test]
+fn errors_name_what_is_wrong() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("config.yaml");
+    std::fs::write(&cfg, "hca:\n  sharedReplicas: 0\n").unwrap();
+    let out = bin(&[
+        "discover",
+        "--fixture",
+        "dgx-h100",
+        "--config",
+        cfg.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("hca.sharedReplicas = 0"), "{err}");
+
+    let out = bin(&["discover", "--sysfs-root", "/nonexistent/sys"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/sys"));
+
+    let out = bin(&["discover", "--fixture", "dgx-a100"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("dgx-h100"),
+        "lists the valid names"
+    );
+}
+
+#[test]
+fn malformed_device_is_skipped_with_a_warning() {
+    let dir = fixtures::tempdir().unwrap();
+    FixtureNode::dgx_h100().write_to(dir.path()).unwrap();
+    std::fs::write(
+        dir.path().join("class/infiniband/mlx5_4/ports/1/state"),
+        "bogus\n",
+    )
+    .unwrap();
+    let out = bin(&[
+        "discover",
+        "--sysfs-root",
+        dir.path().to_str().unwrap(),
+        "-o",
+        "json",
+    ]);
+    assert!(out.status.success());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["hcas"].as_array().unwrap().len(), 13);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("mlx5_4") && err.contains("bogus"), "{err}");
+}
