@@ -1,8 +1,23 @@
 //! `rocefabric-operator plan`: the planner offline over YAML files of Kubernetes objects.
+//!
+//! Users run it against their cluster's objects before applying a fabric: which RoceNodes the
+//! operator would write, which nodes conflict, which regions every matching pod gets. Objects
+//! without `creationTimestamp` (a fabric not yet applied) count as the youngest.
 
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::path::PathBuf;
 
+use anyhow::Context as _;
 use clap::{Args, ValueEnum};
+use k8s_openapi::jiff::Timestamp;
+use serde::Serialize;
+
+use crate::planner::{
+    self, FabricReport, FieldErrorReport, NodeAction, PlanOptions, PlanReport, World,
+};
+use crate::regions::FreedRegions;
+use crate::snapshot::{Kind, Snapshot};
 
 /// Output format of `plan`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
@@ -17,17 +32,18 @@ pub enum OutputFormat {
 /// Arguments of `plan`.
 #[derive(Debug, Args)]
 pub struct PlanArgs {
-    /// YAML file(s) of RoceFabric objects (`kubectl get rocefabrics -o yaml`, a List, multi-document
+    /// YAML file of RoceFabric objects (`kubectl get rocefabrics -o yaml`: a List, multi-document
     /// YAML or a single object). Repeatable.
     #[arg(long = "fabrics", value_name = "FILE", required = true)]
     pub fabrics: Vec<PathBuf>,
-    /// YAML file(s) of Node objects (`kubectl get nodes -o yaml`). Repeatable.
+    /// YAML file of Node objects (`kubectl get nodes -o yaml`). Repeatable.
     #[arg(long = "nodes", value_name = "FILE", required = true)]
     pub nodes: Vec<PathBuf>,
-    /// YAML file(s) of Pod objects (`kubectl get pods -A -o yaml`). Repeatable.
+    /// YAML file of Pod objects (`kubectl get pods -A -o yaml`). Repeatable.
     #[arg(long = "pods", value_name = "FILE", required = true)]
     pub pods: Vec<PathBuf>,
-    /// YAML file(s) of existing RoceNode objects (`kubectl get rocenodes -o yaml`). Repeatable.
+    /// YAML file of existing RoceNode objects (`kubectl get rocenodes -o yaml`), to see the
+    /// rollout from where it stands. Repeatable.
     #[arg(long = "roce-nodes", value_name = "FILE")]
     pub roce_nodes: Vec<PathBuf>,
     /// `table` (default) or `json`.
@@ -35,8 +51,262 @@ pub struct PlanArgs {
     pub output: OutputFormat,
 }
 
+/// What `plan --output json` prints.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PlanOutput {
+    #[serde(flatten)]
+    pub report: PlanReport,
+    /// The writes the operator's first pass would send, counted by kind.
+    pub writes: BTreeMap<&'static str, usize>,
+}
+
+/// Load the files and plan.
+pub fn plan_files(args: &PlanArgs) -> anyhow::Result<PlanOutput> {
+    let mut snapshot = Snapshot::default();
+    let groups: [(&[PathBuf], Kind); 4] = [
+        (&args.fabrics, Kind::RoceFabric),
+        (&args.nodes, Kind::Node),
+        (&args.pods, Kind::Pod),
+        (&args.roce_nodes, Kind::RoceNode),
+    ];
+    for (paths, kind) in groups {
+        for path in paths {
+            snapshot
+                .load_file(path, &[kind])
+                .with_context(|| format!("cannot load {}", path.display()))?;
+        }
+    }
+    let world = World {
+        fabrics: snapshot.fabrics,
+        nodes: snapshot.nodes,
+        roce_nodes: snapshot.roce_nodes,
+        pods: snapshot.pods,
+        config_maps: snapshot.config_maps,
+        now: Timestamp::now(),
+        freed: FreedRegions::default(),
+    };
+    let plan = planner::plan(
+        &world,
+        &PlanOptions {
+            detailed_report: true,
+            ..PlanOptions::default()
+        },
+    );
+    let mut report = plan.report;
+    for bad in snapshot.unreadable_fabrics {
+        report.fabrics.push(FabricReport {
+            name: bad.name,
+            valid: false,
+            errors: bad
+                .errors
+                .into_iter()
+                .map(|e| FieldErrorReport {
+                    field: e.field,
+                    message: e.message,
+                })
+                .collect(),
+            ..FabricReport::default()
+        });
+    }
+    report.fabrics.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut writes = BTreeMap::new();
+    for w in &plan.writes {
+        *writes.entry(w.kind()).or_insert(0) += 1;
+    }
+    Ok(PlanOutput { report, writes })
+}
+
 /// Run `plan`, printing to stdout.
 pub fn run(args: PlanArgs) -> anyhow::Result<()> {
-    let _ = args;
+    let out = plan_files(&args)?;
+    let text = match args.output {
+        OutputFormat::Json => {
+            serde_json::to_string_pretty(&out).context("cannot render the plan as JSON")? + "\n"
+        }
+        OutputFormat::Table => render_table(&out),
+    };
+    print!("{text}");
     Ok(())
+}
+
+/// Bytes as a binary quantity when whole (`1Gi`), else plain bytes.
+pub fn format_bytes(bytes: u64) -> String {
+    const UNITS: [(&str, u32); 6] = [
+        ("Ei", 60),
+        ("Pi", 50),
+        ("Ti", 40),
+        ("Gi", 30),
+        ("Mi", 20),
+        ("Ki", 10),
+    ];
+    if bytes == 0 {
+        return "0".into();
+    }
+    for (unit, shift) in UNITS {
+        if bytes >= 1 << shift && bytes.is_multiple_of(1 << shift) {
+            return format!("{}{unit}", bytes >> shift);
+        }
+    }
+    bytes.to_string()
+}
+
+/// Align columns: every row has the header's number of cells.
+fn table(out: &mut String, header: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |out: &mut String, cells: &mut dyn Iterator<Item = &str>| {
+        let mut text = String::new();
+        for (i, cell) in cells.enumerate() {
+            let _ = write!(text, "{cell:<width$}  ", width = widths[i]);
+        }
+        out.push_str(text.trim_end());
+        out.push('\n');
+    };
+    line(out, &mut header.iter().copied());
+    for row in rows {
+        line(out, &mut row.iter().map(String::as_str));
+    }
+}
+
+/// The human-readable form.
+pub fn render_table(out: &PlanOutput) -> String {
+    let r = &out.report;
+    let mut s = String::new();
+    let rows: Vec<Vec<String>> = r
+        .fabrics
+        .iter()
+        .map(|f| {
+            vec![
+                f.name.clone(),
+                if f.deleting {
+                    "deleting".into()
+                } else if f.valid {
+                    "yes".into()
+                } else {
+                    "NO".into()
+                },
+                f.selected_nodes.to_string(),
+                f.conflicting_nodes.to_string(),
+                f.configured_nodes.to_string(),
+                format!("{}/{}", f.regions_allocated, f.region_capacity),
+                f.pods_waiting.to_string(),
+                f.traffic_class
+                    .map(|t| t.to_string())
+                    .unwrap_or_else(|| "-".into()),
+            ]
+        })
+        .collect();
+    table(
+        &mut s,
+        &[
+            "FABRIC",
+            "VALID",
+            "SELECTED",
+            "CONFLICTING",
+            "CONFIGURED",
+            "REGIONS",
+            "PODS WAITING",
+            "TC",
+        ],
+        &rows,
+    );
+    for f in r.fabrics.iter().filter(|f| !f.errors.is_empty()) {
+        for e in &f.errors {
+            let _ = writeln!(s, "  {}: {}: {}", f.name, e.field, e.message);
+        }
+    }
+
+    s.push('\n');
+    if r.nodes.is_empty() {
+        s.push_str("No node is selected by any fabric.\n");
+    } else {
+        let rows: Vec<Vec<String>> = r
+            .nodes
+            .iter()
+            .map(|n| {
+                let action = match n.action {
+                    NodeAction::Create => "create",
+                    NodeAction::Update => "update",
+                    NodeAction::Unchanged => "unchanged",
+                    NodeAction::Waiting => "waits for rollout",
+                    NodeAction::Untouched => "untouched (fabric invalid or deleting)",
+                };
+                let conflicts = if n.conflicts_with.is_empty() {
+                    "-".to_string()
+                } else {
+                    n.conflicts_with.join(",")
+                };
+                vec![
+                    n.name.clone(),
+                    n.fabric.clone(),
+                    action.to_string(),
+                    conflicts,
+                ]
+            })
+            .collect();
+        table(
+            &mut s,
+            &["NODE", "FABRIC", "ROCENODE", "ALSO SELECTED BY"],
+            &rows,
+        );
+    }
+
+    s.push('\n');
+    if r.regions.is_empty() {
+        s.push_str("No pod gets a region.\n");
+    } else {
+        let rows: Vec<Vec<String>> = r
+            .regions
+            .iter()
+            .map(|g| {
+                vec![
+                    g.namespace.clone(),
+                    g.pod.clone(),
+                    g.fabric.clone(),
+                    g.id.to_string(),
+                    format_bytes(g.base),
+                    format_bytes(g.size),
+                    format!("{:?}", g.change).to_lowercase(),
+                ]
+            })
+            .collect();
+        table(
+            &mut s,
+            &["NAMESPACE", "POD", "FABRIC", "ID", "BASE", "SIZE", "REGION"],
+            &rows,
+        );
+    }
+    if !r.waiting_pods.is_empty() {
+        s.push('\n');
+        let rows: Vec<Vec<String>> = r
+            .waiting_pods
+            .iter()
+            .map(|w| {
+                vec![
+                    w.namespace.clone(),
+                    w.pod.clone(),
+                    w.fabric.clone(),
+                    w.reason.clone(),
+                ]
+            })
+            .collect();
+        table(
+            &mut s,
+            &["NAMESPACE", "POD WAITING", "FABRIC", "WHY"],
+            &rows,
+        );
+    }
+    if !r.deleted_roce_nodes.is_empty() {
+        let _ = writeln!(
+            s,
+            "\nRoceNodes deleted: {}",
+            r.deleted_roce_nodes.join(", ")
+        );
+    }
+    s
 }

@@ -13,11 +13,11 @@
 //!
 //! # Scale
 //!
-//! One entry is at most [`MAX_ENTRY_BYTES`] (642) bytes: a 253-character pod name and node name,
+//! One entry is at most [`MAX_ENTRY_BYTES`] (647) bytes with its separator: a 253-character pod name and node name,
 //! a 39-character IPv6 address, a 7-digit id and 20-digit base and size. Typical entries
 //! (names under 63 characters, IPv4) take about 150 bytes. The documented scale is
 //! [`DOCUMENTED_REGIONS_PER_NAMESPACE`] (1,000) regions per namespace per fabric: at most
-//! 642,000 bytes with worst-case names, about 150 KB with typical ones, well under the 1 MiB
+//! 647,000 bytes (0.62 MiB) with worst-case names, about 150 KB with typical ones, well under the 1 MiB
 //! object limit. A directory that would exceed [`MAX_DIRECTORY_BYTES`] (900 KiB, about 1,400
 //! worst-case or 6,000 typical entries) is not written; the fabric reports
 //! `RegionDirectoryTooLarge` instead and the previous directory stays.
@@ -29,7 +29,7 @@ pub const DIRECTORY_KEY: &str = "regions.json";
 /// Largest directory the planner writes, in bytes of data.
 pub const MAX_DIRECTORY_BYTES: usize = 900 * 1024;
 /// Largest possible entry line (with its separator), in bytes.
-pub const MAX_ENTRY_BYTES: usize = 642;
+pub const MAX_ENTRY_BYTES: usize = 647;
 /// Regions per namespace per fabric the directory is sized for.
 pub const DOCUMENTED_REGIONS_PER_NAMESPACE: usize = 1_000;
 

@@ -90,7 +90,7 @@ impl<'w> FabricView<'w> {
             obj,
             name: meta.name.as_deref().unwrap_or_default(),
             uid: meta.uid.as_deref().unwrap_or_default(),
-            generation: meta.generation.unwrap_or(0),
+            generation: meta.generation.unwrap_or(1),
             created: meta.creation_timestamp.as_ref().map(|t| t.0),
             deleting: meta.deletion_timestamp.is_some(),
             errors,

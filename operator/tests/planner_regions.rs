@@ -1,0 +1,526 @@
+//! The planner's shared memory regions: assignment, gate order, directories, exhaustion, grace
+//! period of freed ids, rebuild after a restart, duplicate claims.
+#![allow(clippy::unwrap_used)] // tests fail loudly on the unexpected
+
+mod planner_support;
+
+use std::time::Duration;
+
+use planner_support::*;
+use rocefabric_api::constants::{condition, reason};
+use rocefabric_operator::planner::directory::{
+    self, DIRECTORY_KEY, DOCUMENTED_REGIONS_PER_NAMESPACE, DirectoryEntry, MAX_DIRECTORY_BYTES,
+    MAX_ENTRY_BYTES,
+};
+use rocefabric_operator::planner::{
+    EventType, REGION_DIRECTORY_TOO_LARGE, REGION_REQUEST_INVALID, World, Write, plan,
+};
+use rocefabric_operator::regions::RegionAssignment;
+
+const GI: u64 = 1 << 30;
+const MEMBER: (&str, &str) = ("rocefabric.io/fabric", "f");
+
+fn shm(max: u32) -> rocefabric_api::RoceFabric {
+    with_shared_memory(fabric("f", 0, &[]), "1Gi", max, &[])
+}
+
+fn directory_of(w: &World, ns: &str) -> Option<Vec<DirectoryEntry>> {
+    w.config_maps
+        .iter()
+        .find(|cm| {
+            cm.metadata.namespace.as_deref() == Some(ns)
+                && cm.metadata.name.as_deref() == Some("f-regions")
+        })
+        .map(|cm| directory::parse(&cm.data.as_ref().unwrap()[DIRECTORY_KEY]).expect("a directory"))
+}
+
+#[test]
+fn each_pod_is_annotated_before_its_gate_is_removed() {
+    let pods = vec![
+        pod("ns", "gated", 1, &[MEMBER], true),
+        scheduled(
+            pod("ns", "running", 0, &[MEMBER], false),
+            "n-000",
+            "10.0.0.7",
+        ),
+        pod("other", "no-member", 0, &[], true),
+    ];
+    let mut w = world(vec![shm(8)], nodes("n", 1, &[]), pods);
+    let p = step(&mut w);
+    let pod_writes: Vec<(String, &str)> = p
+        .writes
+        .iter()
+        .filter_map(|w| match w {
+            Write::AnnotatePodRegion { pod, .. } => Some((pod.clone(), "annotate")),
+            Write::RemovePodGate {
+                pod,
+                remaining_gates,
+                ..
+            } => {
+                assert!(remaining_gates.is_empty());
+                Some((pod.clone(), "ungate"))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        pod_writes,
+        [
+            ("gated".into(), "annotate"),
+            ("gated".into(), "ungate"),
+            ("running".into(), "annotate")
+        ],
+        "annotation first; no gate write for a pod without the gate; nothing for non-members"
+    );
+    // The older pod gets the lower id.
+    assert_eq!(
+        region_of(&w, "ns", "running"),
+        Some(RegionAssignment {
+            fabric: "f".into(),
+            id: 0,
+            base: 0,
+            size: GI
+        })
+    );
+    assert_eq!(
+        region_of(&w, "ns", "gated"),
+        Some(RegionAssignment {
+            fabric: "f".into(),
+            id: 1,
+            base: GI,
+            size: GI
+        })
+    );
+    assert!(!gated(&w, "ns", "gated"));
+    assert!(gated(&w, "other", "no-member"), "not ours: left alone");
+    assert_eq!(
+        directory_of(&w, "ns").unwrap(),
+        [
+            DirectoryEntry {
+                pod: "running".into(),
+                node: Some("n-000".into()),
+                pod_ip: Some("10.0.0.7".into()),
+                id: 0,
+                base: 0,
+                size: GI
+            },
+            DirectoryEntry {
+                pod: "gated".into(),
+                node: None,
+                pod_ip: None,
+                id: 1,
+                base: GI,
+                size: GI
+            },
+        ]
+    );
+    let st = fabric_of(&w, "f").status.clone().unwrap();
+    assert_eq!((st.regions.allocated, st.regions.capacity), (2, 8));
+    assert!(step(&mut w).writes.is_empty());
+}
+
+#[test]
+fn other_gates_are_kept_when_ours_is_removed() {
+    let mut p = pod("ns", "p", 0, &[MEMBER], true);
+    p.spec
+        .as_mut()
+        .unwrap()
+        .scheduling_gates
+        .as_mut()
+        .unwrap()
+        .insert(
+            0,
+            k8s_openapi::api::core::v1::PodSchedulingGate {
+                name: "example.com/quota".into(),
+            },
+        );
+    let w = world(vec![shm(2)], vec![], vec![p]);
+    let plan = plan(&w, &opts());
+    assert!(plan.writes.iter().any(|w| matches!(w,
+        Write::RemovePodGate { remaining_gates, .. } if remaining_gates == &["example.com/quota".to_string()])));
+}
+
+#[test]
+fn the_directory_follows_scheduling_and_is_removed_with_the_last_region() {
+    let mut w = world(
+        vec![shm(4)],
+        vec![],
+        vec![pod("ns", "p", 0, &[MEMBER], true)],
+    );
+    step(&mut w);
+    assert_eq!(directory_of(&w, "ns").unwrap()[0].node, None);
+    let scheduled_pod = scheduled(w.pods[0].clone(), "dgx-1", "10.1.0.5");
+    w.pods[0] = scheduled_pod;
+    let p = step(&mut w);
+    assert!(
+        matches!(p.writes.as_slice(), [Write::ApplyRegionDirectory { .. }]),
+        "{:?}",
+        p.writes
+    );
+    let e = &directory_of(&w, "ns").unwrap()[0];
+    assert_eq!(
+        (e.node.as_deref(), e.pod_ip.as_deref()),
+        (Some("dgx-1"), Some("10.1.0.5"))
+    );
+
+    w.pods[0].status.as_mut().unwrap().phase = Some("Succeeded".into());
+    let p = step(&mut w);
+    assert!(p.writes.contains(&Write::DeleteRegionDirectory {
+        namespace: "ns".into(),
+        fabric: "f".into()
+    }));
+    assert!(directory_of(&w, "ns").is_none());
+    assert_eq!(
+        fabric_of(&w, "f")
+            .status
+            .as_ref()
+            .unwrap()
+            .regions
+            .allocated,
+        0
+    );
+}
+
+#[test]
+fn a_size_request_gets_contiguous_whole_regions() {
+    let pods = vec![
+        pod("ns", "small", 0, &[MEMBER], true),
+        with_size_request(pod("ns", "big", 1, &[MEMBER], true), "2.5Gi"),
+        pod("ns", "after", 2, &[MEMBER], true),
+    ];
+    let mut w = world(vec![shm(8)], vec![], pods);
+    step(&mut w);
+    assert_eq!(
+        region_of(&w, "ns", "big"),
+        Some(RegionAssignment {
+            fabric: "f".into(),
+            id: 1,
+            base: GI,
+            size: 3 * GI
+        })
+    );
+    assert_eq!(region_of(&w, "ns", "after").unwrap().id, 4);
+    assert_eq!(
+        fabric_of(&w, "f")
+            .status
+            .as_ref()
+            .unwrap()
+            .regions
+            .allocated,
+        5
+    );
+}
+
+#[test]
+fn a_request_the_space_cannot_hold_keeps_the_pod_gated_and_is_reported() {
+    let pods = vec![
+        with_size_request(pod("ns", "huge", 0, &[MEMBER], true), "5Gi"),
+        with_size_request(pod("ns", "typo", 1, &[MEMBER], true), "2 gigs"),
+    ];
+    let mut w = world(vec![shm(4)], vec![], pods);
+    let p = step(&mut w);
+    assert!(gated(&w, "ns", "huge") && gated(&w, "ns", "typo"));
+    assert_eq!(region_of(&w, "ns", "huge"), None);
+    assert_eq!(condition_of(&w, "f", condition::DEGRADED).0, "True");
+    let st = fabric_of(&w, "f").status.clone().unwrap();
+    let msg = &st
+        .conditions
+        .iter()
+        .find(|c| c.type_ == condition::DEGRADED)
+        .unwrap()
+        .message;
+    assert!(
+        msg.contains("ns/huge") && msg.contains("ns/typo") && msg.contains("\"2 gigs\""),
+        "{msg}"
+    );
+    assert_eq!(
+        events(&p)
+            .iter()
+            .filter(|e| e.reason == REGION_REQUEST_INVALID)
+            .count(),
+        1
+    );
+    assert_eq!(p.report.waiting_pods.len(), 2);
+    assert!(step(&mut w).writes.is_empty(), "reported once");
+}
+
+#[test]
+fn a_full_space_keeps_pods_gated_until_a_freed_window_has_cooled_down() {
+    let pods = vec![
+        pod("ns", "p0", 0, &[MEMBER], true),
+        pod("ns", "p1", 1, &[MEMBER], true),
+        pod("ns", "p2", 2, &[MEMBER], true),
+    ];
+    let mut w = world(vec![shm(2)], nodes("n", 1, &[]), pods);
+    let p = step(&mut w);
+    agent_reports_all(&mut w, true);
+    assert!(gated(&w, "ns", "p2"));
+    assert_eq!(region_of(&w, "ns", "p2"), None);
+    assert!(!p.writes.iter().any(|w| matches!(w, Write::AnnotatePodRegion { pod, .. } | Write::RemovePodGate { pod, .. } if pod == "p2")));
+    assert_eq!(
+        condition_of(&w, "f", condition::DEGRADED),
+        ("True".into(), reason::REGIONS_EXHAUSTED.into())
+    );
+    let exhausted: Vec<_> = events(&p)
+        .into_iter()
+        .filter(|e| e.reason == reason::REGIONS_EXHAUSTED)
+        .collect();
+    assert_eq!(exhausted.len(), 1);
+    assert_eq!(exhausted[0].type_, EventType::Warning);
+    assert_eq!(p.report.fabrics[0].pods_waiting, 1);
+    step(&mut w); // the node reported configured
+    assert!(
+        step(&mut w).writes.is_empty(),
+        "waiting is steady: no repeated Event"
+    );
+
+    // p0 is deleted: its window (id 0) cools down for the grace period.
+    w.pods.retain(|p| p.metadata.name.as_deref() != Some("p0"));
+    let p = step(&mut w);
+    assert!(gated(&w, "ns", "p2"), "the freed id is not reused at once");
+    assert_eq!(p.requeue_after, Some(Duration::from_secs(30)));
+    assert_eq!(p.report.fabrics[0].regions_cooling, 1);
+    assert_eq!(
+        fabric_of(&w, "f")
+            .status
+            .as_ref()
+            .unwrap()
+            .regions
+            .allocated,
+        1
+    );
+
+    w.now += Duration::from_secs(29);
+    let p = step(&mut w);
+    assert!(gated(&w, "ns", "p2"));
+    assert_eq!(p.requeue_after, Some(Duration::from_secs(1)));
+
+    w.now += Duration::from_secs(1);
+    let p = step(&mut w);
+    assert_eq!(region_of(&w, "ns", "p2").unwrap().id, 0);
+    assert!(!gated(&w, "ns", "p2"));
+    assert_eq!(p.requeue_after, None);
+    assert_eq!(
+        condition_of(&w, "f", condition::DEGRADED),
+        ("False".into(), reason::AS_EXPECTED.into())
+    );
+}
+
+#[test]
+fn a_freed_id_is_skipped_while_other_ids_are_free() {
+    let mut w = world(
+        vec![shm(8)],
+        vec![],
+        vec![pod("ns", "old", 0, &[MEMBER], true)],
+    );
+    step(&mut w);
+    assert_eq!(region_of(&w, "ns", "old").unwrap().id, 0);
+    w.pods[0].metadata.deletion_timestamp =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(w.now));
+    w.pods.push(pod("ns", "new", 5, &[MEMBER], true));
+    step(&mut w);
+    assert_eq!(
+        region_of(&w, "ns", "new").unwrap().id,
+        1,
+        "id 0 is in its grace period"
+    );
+}
+
+#[test]
+fn after_a_restart_the_map_is_rebuilt_from_annotations_and_directories() {
+    let pods: Vec<_> = (0..4)
+        .map(|i| pod("ns", &format!("p{i}"), i, &[MEMBER], true))
+        .collect();
+    let mut w = world(vec![shm(8)], vec![], pods);
+    step(&mut w);
+    // The operator restarts (no memory) and p1 was deleted while it was down.
+    w.freed = Default::default();
+    w.pods.retain(|p| p.metadata.name.as_deref() != Some("p1"));
+    w.pods.push(pod("ns", "p4", 10, &[MEMBER], true));
+    let p = step(&mut w);
+    let ids: Vec<u32> = ["p0", "p2", "p3"]
+        .iter()
+        .map(|n| region_of(&w, "ns", n).unwrap().id)
+        .collect();
+    assert_eq!(ids, [0, 2, 3], "recorded regions stay");
+    assert_eq!(
+        region_of(&w, "ns", "p4").unwrap().id,
+        4,
+        "nothing handed out twice; p1's id 1 cools down"
+    );
+    assert_eq!(p.requeue_after, Some(Duration::from_secs(30)));
+    let annotated: Vec<&str> = p
+        .writes
+        .iter()
+        .filter_map(|w| match w {
+            Write::AnnotatePodRegion { pod, .. } => Some(pod.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(annotated, ["p4"]);
+}
+
+#[test]
+fn two_pods_claiming_one_window_the_older_keeps_it() {
+    let shared = RegionAssignment {
+        fabric: "f".into(),
+        id: 1,
+        base: GI,
+        size: GI,
+    }
+    .to_annotation();
+    let pods = vec![
+        with_annotation(
+            scheduled(pod("ns", "younger", 20, &[MEMBER], false), "n1", "10.0.0.2"),
+            &shared,
+        ),
+        with_annotation(
+            scheduled(pod("ns", "older", 10, &[MEMBER], false), "n1", "10.0.0.1"),
+            &shared,
+        ),
+        with_annotation(pod("ns", "garbage", 30, &[MEMBER], true), "not json"),
+    ];
+    let mut w = world(vec![shm(4)], vec![], pods);
+    let p = step(&mut w);
+    assert_eq!(region_of(&w, "ns", "older").unwrap().id, 1);
+    assert_eq!(
+        region_of(&w, "ns", "younger").unwrap().id,
+        0,
+        "reassigned to the lowest free window"
+    );
+    assert_eq!(region_of(&w, "ns", "garbage").unwrap().id, 2);
+    let reassigned: Vec<_> = events(&p)
+        .into_iter()
+        .filter(|e| e.reason == reason::REGION_REASSIGNED)
+        .map(|e| {
+            (
+                e.regarding.name.clone().unwrap(),
+                e.regarding.kind.clone().unwrap(),
+                e.type_,
+                e.message.clone(),
+            )
+        })
+        .collect();
+    assert_eq!(reassigned.len(), 2);
+    assert_eq!(
+        (
+            reassigned[0].0.as_str(),
+            reassigned[0].1.as_str(),
+            reassigned[0].2
+        ),
+        ("younger", "Pod", EventType::Warning)
+    );
+    assert!(reassigned[0].3.contains("ns/older"), "{}", reassigned[0].3);
+    assert_eq!(reassigned[1].0, "garbage");
+    assert!(
+        !p.writes
+            .iter()
+            .any(|w| matches!(w, Write::AnnotatePodRegion { pod, .. } if pod == "older"))
+    );
+    assert!(step(&mut w).writes.is_empty());
+}
+
+#[test]
+fn pod_selectors_and_fabric_age_decide_which_fabric_serves_a_pod() {
+    let explicit = with_shared_memory(
+        fabric("explicit", 0, &[("x", "x")]),
+        "1Gi",
+        4,
+        &[("app", "mpi")],
+    );
+    let younger = with_shared_memory(
+        fabric("younger", 10, &[("x", "x")]),
+        "2Gi",
+        4,
+        &[("app", "mpi")],
+    );
+    let by_label = with_shared_memory(fabric("f", 20, &[("x", "x")]), "1Gi", 4, &[]);
+    let pods = vec![
+        pod("a", "mpi", 0, &[("app", "mpi")], true),
+        pod("b", "member", 0, &[MEMBER], true),
+        pod("c", "neither", 0, &[("app", "web")], true),
+        pod("d", "done", 0, &[("app", "mpi")], false),
+    ];
+    let mut w = world(vec![younger, by_label, explicit], vec![], pods);
+    w.pods[3].status.as_mut().unwrap().phase = Some("Failed".into());
+    step(&mut w);
+    assert_eq!(
+        region_of(&w, "a", "mpi").unwrap().fabric,
+        "explicit",
+        "the older of two selecting fabrics"
+    );
+    assert_eq!(
+        region_of(&w, "b", "member").unwrap().fabric,
+        "f",
+        "empty podSelector: the fabric label"
+    );
+    assert_eq!(region_of(&w, "c", "neither"), None);
+    assert_eq!(
+        region_of(&w, "d", "done"),
+        None,
+        "finished pods get no region"
+    );
+}
+
+#[test]
+fn the_directory_stays_under_one_mebibyte_at_the_documented_scale() {
+    // Worst case entries: 253-character pod and node names, an IPv6 address, the largest numbers.
+    let entry = |i: usize| DirectoryEntry {
+        pod: format!("{i:0>253}"),
+        node: Some("n".repeat(253)),
+        pod_ip: Some("fd00:1234:5678:9abc:def0:1234:5678:9abc".into()),
+        id: 1_048_575,
+        base: u64::MAX,
+        size: u64::MAX,
+    };
+    let one = directory::render(&[entry(0)]);
+    assert!(
+        one.len() - "[\n\n]\n".len() + 2 <= MAX_ENTRY_BYTES,
+        "{} bytes",
+        one.len()
+    );
+    let entries: Vec<DirectoryEntry> = (0..DOCUMENTED_REGIONS_PER_NAMESPACE).map(entry).collect();
+    let text = directory::render(&entries);
+    assert!(text.len() <= DOCUMENTED_REGIONS_PER_NAMESPACE * MAX_ENTRY_BYTES + "[\n\n]\n".len());
+    assert!(
+        text.len() < 700 * 1024 && text.len() < MAX_DIRECTORY_BYTES,
+        "{} bytes",
+        text.len()
+    );
+    assert_eq!(directory::parse(&text).unwrap(), entries);
+}
+
+#[test]
+fn a_directory_over_the_limit_is_not_written_and_is_reported() {
+    let n = 1_500;
+    let pods: Vec<_> = (0..n)
+        .map(|i| pod("ns", &format!("{i:0>250}"), 0, &[MEMBER], false))
+        .collect();
+    let mut w = world(vec![shm(2_000)], vec![], pods);
+    for p in &mut w.pods {
+        *p = scheduled(
+            p.clone(),
+            &"n".repeat(253),
+            "fd00:1234:5678:9abc:def0:1234:5678:9abc",
+        );
+    }
+    let p = step(&mut w);
+    assert!(
+        !p.writes
+            .iter()
+            .any(|w| matches!(w, Write::ApplyRegionDirectory { .. }))
+    );
+    assert_eq!(
+        condition_of(&w, "f", condition::DEGRADED).1,
+        REGION_DIRECTORY_TOO_LARGE
+    );
+    assert_eq!(
+        fabric_of(&w, "f")
+            .status
+            .as_ref()
+            .unwrap()
+            .regions
+            .allocated,
+        n
+    );
+}
