@@ -16,7 +16,9 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType, Recorder, Reporter};
 use kube::{Api, Client, Resource};
-use rocefabric_api::constants::{OPERATOR_FIELD_MANAGER, REGION_ANNOTATION, REGION_SCHEDULING_GATE};
+use rocefabric_api::constants::{
+    OPERATOR_FIELD_MANAGER, REGION_ANNOTATION, REGION_SCHEDULING_GATE,
+};
 use rocefabric_api::{RoceFabric, RoceNode};
 use serde_json::json;
 
@@ -55,7 +57,10 @@ impl ApplyError {
     /// Category for the `reconcile_failures_total{reason}` metric.
     pub fn metric_label(&self) -> &'static str {
         match self {
-            ApplyError::Api { source: kube::Error::Api(status), .. } => match status.code {
+            ApplyError::Api {
+                source: kube::Error::Api(status),
+                ..
+            } => match status.code {
                 403 => "forbidden",
                 404 => "not_found",
                 409 => "conflict",
@@ -102,13 +107,19 @@ fn ssa() -> PatchParams {
 }
 
 fn managed_patch() -> PatchParams {
-    PatchParams { field_manager: Some(OPERATOR_FIELD_MANAGER.to_string()), ..PatchParams::default() }
+    PatchParams {
+        field_manager: Some(OPERATOR_FIELD_MANAGER.to_string()),
+        ..PatchParams::default()
+    }
 }
 
 impl Executor {
     /// An executor whose Events are reported by `rocefabric-operator` / `instance`.
     pub fn new(client: Client, instance: impl Into<String>) -> Self {
-        let reporter = Reporter { controller: OPERATOR_FIELD_MANAGER.to_string(), instance: Some(instance.into()) };
+        let reporter = Reporter {
+            controller: OPERATOR_FIELD_MANAGER.to_string(),
+            instance: Some(instance.into()),
+        };
         let recorder = Recorder::new(client.clone(), reporter);
         Self { client, recorder }
     }
@@ -122,12 +133,21 @@ impl Executor {
     #[tracing::instrument(skip_all, fields(kind = write.kind()))]
     pub async fn execute(&self, write: &Write) -> Result<Outcome, ApplyError> {
         match write {
-            Write::ApplyRoceNode { name, fabric_name, fabric_uid, spec } => {
+            Write::ApplyRoceNode {
+                name,
+                fabric_name,
+                fabric_uid,
+                spec,
+            } => {
                 let api: Api<RoceNode> = Api::all(self.client.clone());
                 let body = roce_node_object(name, fabric_name, fabric_uid, spec);
                 api.patch(name, &ssa(), &Patch::Apply(&body))
                     .await
-                    .map_err(|source| ApplyError::Api { op: "apply", target: format!("rocenode {name}"), source })?;
+                    .map_err(|source| ApplyError::Api {
+                        op: "apply",
+                        target: format!("rocenode {name}"),
+                        source,
+                    })?;
                 tracing::debug!(rocenode = %name, fabric = %fabric_name, "applied rocenode");
                 Ok(Outcome::Done)
             }
@@ -136,7 +156,11 @@ impl Executor {
                 match api.delete(name, &DeleteParams::default()).await {
                     Ok(_) => Ok(Outcome::Done),
                     Err(e) if is_not_found(&e) => Ok(Outcome::AlreadyDone),
-                    Err(source) => Err(ApplyError::Api { op: "delete", target: format!("rocenode {name}"), source }),
+                    Err(source) => Err(ApplyError::Api {
+                        op: "delete",
+                        target: format!("rocenode {name}"),
+                        source,
+                    }),
                 }
             }
             Write::ApplyFabricStatus { fabric, status } => {
@@ -150,32 +174,47 @@ impl Executor {
                     Ok(_) => Ok(Outcome::Done),
                     // The fabric was deleted since the world was read: nothing to report on.
                     Err(e) if is_not_found(&e) => Ok(Outcome::AlreadyDone),
-                    Err(source) => {
-                        Err(ApplyError::Api { op: "apply status of", target: format!("rocefabric {fabric}"), source })
-                    }
+                    Err(source) => Err(ApplyError::Api {
+                        op: "apply status of",
+                        target: format!("rocefabric {fabric}"),
+                        source,
+                    }),
                 }
             }
-            Write::AnnotatePodRegion { namespace, pod, value } => {
+            Write::AnnotatePodRegion {
+                namespace,
+                pod,
+                value,
+            } => {
                 let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
                 let body = json!({ "metadata": { "annotations": { REGION_ANNOTATION: value } } });
-                api.patch(pod, &managed_patch(), &Patch::Merge(&body)).await.map_err(|source| ApplyError::Api {
-                    op: "annotate",
-                    target: format!("pod {namespace}/{pod}"),
-                    source,
-                })?;
+                api.patch(pod, &managed_patch(), &Patch::Merge(&body))
+                    .await
+                    .map_err(|source| ApplyError::Api {
+                        op: "annotate",
+                        target: format!("pod {namespace}/{pod}"),
+                        source,
+                    })?;
                 tracing::info!(%namespace, %pod, region = %value, "recorded region on pod");
                 Ok(Outcome::Done)
             }
             Write::RemovePodGate { namespace, pod, .. } => self.remove_gate(namespace, pod).await,
-            Write::ApplyRegionDirectory { namespace, fabric, fabric_uid, data } => {
+            Write::ApplyRegionDirectory {
+                namespace,
+                fabric,
+                fabric_uid,
+                data,
+            } => {
                 let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), namespace);
                 let name = region_directory_name(fabric);
                 let body = region_directory_object(namespace, fabric, fabric_uid, data);
-                api.patch(&name, &ssa(), &Patch::Apply(&body)).await.map_err(|source| ApplyError::Api {
-                    op: "apply",
-                    target: format!("configmap {namespace}/{name}"),
-                    source,
-                })?;
+                api.patch(&name, &ssa(), &Patch::Apply(&body))
+                    .await
+                    .map_err(|source| ApplyError::Api {
+                        op: "apply",
+                        target: format!("configmap {namespace}/{name}"),
+                        source,
+                    })?;
                 Ok(Outcome::Done)
             }
             Write::DeleteRegionDirectory { namespace, fabric } => {
@@ -184,9 +223,11 @@ impl Executor {
                 match api.delete(&name, &DeleteParams::default()).await {
                     Ok(_) => Ok(Outcome::Done),
                     Err(e) if is_not_found(&e) => Ok(Outcome::AlreadyDone),
-                    Err(source) => {
-                        Err(ApplyError::Api { op: "delete", target: format!("configmap {namespace}/{name}"), source })
-                    }
+                    Err(source) => Err(ApplyError::Api {
+                        op: "delete",
+                        target: format!("configmap {namespace}/{name}"),
+                        source,
+                    }),
                 }
             }
             Write::Event(event) => {
@@ -200,15 +241,18 @@ impl Executor {
                     action: EVENT_ACTION.to_string(),
                     secondary: None,
                 };
-                self.recorder.publish(&ev, &event.regarding).await.map_err(|source| ApplyError::Api {
-                    op: "record event on",
-                    target: format!(
-                        "{} {}",
-                        event.regarding.kind.as_deref().unwrap_or("object"),
-                        event.regarding.name.as_deref().unwrap_or("")
-                    ),
-                    source,
-                })?;
+                self.recorder
+                    .publish(&ev, &event.regarding)
+                    .await
+                    .map_err(|source| ApplyError::Api {
+                        op: "record event on",
+                        target: format!(
+                            "{} {}",
+                            event.regarding.kind.as_deref().unwrap_or("object"),
+                            event.regarding.name.as_deref().unwrap_or("")
+                        ),
+                        source,
+                    })?;
                 Ok(Outcome::Done)
             }
         }
@@ -219,28 +263,50 @@ impl Executor {
     async fn remove_gate(&self, namespace: &str, pod: &str) -> Result<Outcome, ApplyError> {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         let target = || format!("pod {namespace}/{pod}");
-        let Some(current) =
-            api.get_opt(pod).await.map_err(|source| ApplyError::Api { op: "get", target: target(), source })?
+        let Some(current) = api.get_opt(pod).await.map_err(|source| ApplyError::Api {
+            op: "get",
+            target: target(),
+            source,
+        })?
         else {
             return Ok(Outcome::AlreadyDone);
         };
-        let gates = current.spec.as_ref().and_then(|s| s.scheduling_gates.as_deref()).unwrap_or_default();
+        let gates = current
+            .spec
+            .as_ref()
+            .and_then(|s| s.scheduling_gates.as_deref())
+            .unwrap_or_default();
         let Some(index) = gates.iter().position(|g| g.name == REGION_SCHEDULING_GATE) else {
             return Ok(Outcome::AlreadyDone);
         };
-        let annotated = current.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(REGION_ANNOTATION));
+        let annotated = current
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(REGION_ANNOTATION));
         if !annotated {
-            return Err(ApplyError::AnnotationMissing { namespace: namespace.to_string(), pod: pod.to_string() });
+            return Err(ApplyError::AnnotationMissing {
+                namespace: namespace.to_string(),
+                pod: pod.to_string(),
+            });
         }
         let ops = json!([
             { "op": "test", "path": format!("/spec/schedulingGates/{index}/name"), "value": REGION_SCHEDULING_GATE },
             { "op": "remove", "path": format!("/spec/schedulingGates/{index}") },
         ]);
-        let patch: json_patch::Patch = serde_json::from_value(ops)
-            .map_err(|source| ApplyError::Body { op: "gate removal", target: target(), source })?;
+        let patch: json_patch::Patch =
+            serde_json::from_value(ops).map_err(|source| ApplyError::Body {
+                op: "gate removal",
+                target: target(),
+                source,
+            })?;
         api.patch(pod, &managed_patch(), &Patch::<()>::Json(patch))
             .await
-            .map_err(|source| ApplyError::Api { op: "remove scheduling gate from", target: target(), source })?;
+            .map_err(|source| ApplyError::Api {
+                op: "remove scheduling gate from",
+                target: target(),
+                source,
+            })?;
         tracing::info!(%namespace, %pod, gate = REGION_SCHEDULING_GATE, "removed scheduling gate");
         Ok(Outcome::Done)
     }

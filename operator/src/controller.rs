@@ -128,7 +128,9 @@ impl PassSummary {
     /// The pass as a result for the error policy.
     pub fn into_result(mut self) -> Result<Self, ReconcileError> {
         if self.unsent > 0 {
-            return Err(ReconcileError::NotLeader { remaining: self.unsent });
+            return Err(ReconcileError::NotLeader {
+                remaining: self.unsent,
+            });
         }
         if self.failures.is_empty() {
             return Ok(self);
@@ -136,7 +138,11 @@ impl PassSummary {
         let failed = self.failures.len();
         let total = self.plan.writes.len();
         let (_, first) = self.failures.remove(0);
-        Err(ReconcileError::Writes { failed, total, first })
+        Err(ReconcileError::Writes {
+            failed,
+            total,
+            first,
+        })
     }
 }
 
@@ -156,23 +162,32 @@ impl AnnotationOverlay {
 
     /// Remember that `value` was written on `namespace/pod`.
     pub fn record(&mut self, namespace: &str, pod: &str, value: &str) {
-        self.entries.insert((namespace.to_string(), pod.to_string()), (value.to_string(), Instant::now()));
+        self.entries.insert(
+            (namespace.to_string(), pod.to_string()),
+            (value.to_string(), Instant::now()),
+        );
     }
 
     /// Put remembered values into `pods`; forget those the cache shows, those of pods that are
     /// gone, and those older than the TTL.
     pub fn patch(&mut self, pods: &mut [Pod]) {
         let now = Instant::now();
-        self.entries.retain(|_, (_, at)| now.duration_since(*at) < Self::TTL);
+        self.entries
+            .retain(|_, (_, at)| now.duration_since(*at) < Self::TTL);
         let mut seen = std::collections::HashSet::new();
         for pod in pods.iter_mut() {
             let key = (
                 pod.metadata.namespace.clone().unwrap_or_default(),
                 pod.metadata.name.clone().unwrap_or_default(),
             );
-            let Some((value, _)) = self.entries.get(&key) else { continue };
+            let Some((value, _)) = self.entries.get(&key) else {
+                continue;
+            };
             seen.insert(key.clone());
-            let annotations = pod.metadata.annotations.get_or_insert_with(Default::default);
+            let annotations = pod
+                .metadata
+                .annotations
+                .get_or_insert_with(Default::default);
             if annotations.get(REGION_ANNOTATION) == Some(value) {
                 self.entries.remove(&key);
             } else {
@@ -205,7 +220,9 @@ pub struct Context {
 
 impl std::fmt::Debug for Context {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Context").field("options", &self.options).finish_non_exhaustive()
+        f.debug_struct("Context")
+            .field("options", &self.options)
+            .finish_non_exhaustive()
     }
 }
 
@@ -244,7 +261,10 @@ pub async fn execute_all(ctx: &Context, writes: &[Write], summary: &mut PassSumm
     for (i, write) in writes.iter().enumerate() {
         if !ctx.is_leader() {
             summary.unsent = writes.len() - i;
-            tracing::warn!(unsent = summary.unsent, "lost leadership; stopping the pass");
+            tracing::warn!(
+                unsent = summary.unsent,
+                "lost leadership; stopping the pass"
+            );
             return;
         }
         if let Write::RemovePodGate { namespace, pod, .. } = write
@@ -258,7 +278,12 @@ pub async fn execute_all(ctx: &Context, writes: &[Write], summary: &mut PassSumm
             Ok(Outcome::Done) => {
                 summary.done += 1;
                 ctx.metrics.write(write.kind());
-                if let Write::AnnotatePodRegion { namespace, pod, value } = write {
+                if let Write::AnnotatePodRegion {
+                    namespace,
+                    pod,
+                    value,
+                } = write
+                {
                     ctx.overlay.lock().await.record(namespace, pod, value);
                 }
             }
@@ -305,7 +330,8 @@ pub async fn reconcile_once(ctx: &Context, world: &World) -> PassSummary {
     let mut summary = PassSummary::default();
     execute_all(ctx, &plan.writes, &mut summary).await;
     let figures = figures(&plan);
-    ctx.metrics.set_fabrics(figures.iter().map(|(name, f)| (name.as_str(), f)));
+    ctx.metrics
+        .set_fabrics(figures.iter().map(|(name, f)| (name.as_str(), f)));
     ctx.metrics.pass(started.elapsed());
     tracing::info!(
         writes = plan.writes.len(),
@@ -331,7 +357,11 @@ pub struct Backoff {
 impl Backoff {
     /// From `min` doubling up to `max`.
     pub fn new(min: Duration, max: Duration) -> Self {
-        Self { min, max, next: min }
+        Self {
+            min,
+            max,
+            next: min,
+        }
     }
 
     /// The next delay (and double the one after).
@@ -390,9 +420,9 @@ impl std::fmt::Debug for Stores {
     }
 }
 
-fn cloned<K: Clone>(store: &Store<K>) -> Vec<K>
+fn cloned<K>(store: &Store<K>) -> Vec<K>
 where
-    K: Resource + 'static,
+    K: Resource + Clone + 'static,
     K::DynamicType: std::hash::Hash + Eq + Clone,
 {
     store.state().iter().map(|k| K::clone(k)).collect()
@@ -405,7 +435,11 @@ impl Stores {
             .nodes
             .state()
             .iter()
-            .map(|meta| Node { metadata: meta.metadata.clone(), spec: None, status: None })
+            .map(|meta| Node {
+                metadata: meta.metadata.clone(),
+                spec: None,
+                status: None,
+            })
             .collect();
         World {
             fabrics: cloned(&self.fabrics),
@@ -421,11 +455,23 @@ impl Stores {
     /// Wait until every cache has listed once.
     pub async fn wait_until_ready(&self) -> Result<(), ControllerError> {
         let never = |resource| move |_| ControllerError::CacheNeverSynced { resource };
-        self.fabrics.wait_until_ready().await.map_err(never("rocefabrics"))?;
-        self.nodes.wait_until_ready().await.map_err(never("nodes"))?;
-        self.roce_nodes.wait_until_ready().await.map_err(never("rocenodes"))?;
+        self.fabrics
+            .wait_until_ready()
+            .await
+            .map_err(never("rocefabrics"))?;
+        self.nodes
+            .wait_until_ready()
+            .await
+            .map_err(never("nodes"))?;
+        self.roce_nodes
+            .wait_until_ready()
+            .await
+            .map_err(never("rocenodes"))?;
         self.pods.wait_until_ready().await.map_err(never("pods"))?;
-        self.config_maps.wait_until_ready().await.map_err(never("configmaps"))?;
+        self.config_maps
+            .wait_until_ready()
+            .await
+            .map_err(never("configmaps"))?;
         Ok(())
     }
 }
@@ -437,18 +483,26 @@ pub enum Tick {
     Failed(&'static str, watcher::Error),
 }
 
-fn ticks<K>(resource: &'static str, events: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static)
--> stream::BoxStream<'static, Tick> {
+fn ticks<K>(
+    resource: &'static str,
+    events: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+) -> stream::BoxStream<'static, Tick> {
     events
         .map(move |event| match event {
-            Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone) => Tick::Changed,
+            Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone) => {
+                Tick::Changed
+            }
             Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => Tick::Quiet,
             Err(error) => Tick::Failed(resource, error),
         })
         .boxed()
 }
 
-fn watch_into<K>(api: Api<K>, config: watcher::Config, resource: &'static str) -> (Store<K>, stream::BoxStream<'static, Tick>)
+fn watch_into<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    resource: &'static str,
+) -> (Store<K>, stream::BoxStream<'static, Tick>)
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
@@ -460,8 +514,16 @@ where
 
 /// Start the watches: the stores, and one stream of ticks that must be polled to fill them.
 pub fn watches(client: &Client) -> (Stores, stream::BoxStream<'static, Tick>) {
-    let (fabrics, f) = watch_into(Api::<RoceFabric>::all(client.clone()), watcher::Config::default(), "rocefabrics");
-    let (roce_nodes, r) = watch_into(Api::<RoceNode>::all(client.clone()), watcher::Config::default(), "rocenodes");
+    let (fabrics, f) = watch_into(
+        Api::<RoceFabric>::all(client.clone()),
+        watcher::Config::default(),
+        "rocefabrics",
+    );
+    let (roce_nodes, r) = watch_into(
+        Api::<RoceNode>::all(client.clone()),
+        watcher::Config::default(),
+        "rocenodes",
+    );
     let (config_maps, c) = watch_into(
         Api::<ConfigMap>::all(client.clone()),
         watcher::Config::default().labels(FABRIC_LABEL),
@@ -475,9 +537,18 @@ pub fn watches(client: &Client) -> (Stores, stream::BoxStream<'static, Tick>) {
     let p = ticks("pods", pod_events);
     // Nodes as metadata only: the planner selects by labels, and full Nodes (images,
     // conditions) would dominate the operator's memory.
-    let (nodes, n) =
-        watch_into(Api::<PartialObjectMeta<Node>>::all(client.clone()), watcher::Config::default(), "nodes");
-    let stores = Stores { fabrics, nodes, roce_nodes, pods, config_maps };
+    let (nodes, n) = watch_into(
+        Api::<PartialObjectMeta<Node>>::all(client.clone()),
+        watcher::Config::default(),
+        "nodes",
+    );
+    let stores = Stores {
+        fabrics,
+        nodes,
+        roce_nodes,
+        pods,
+        config_maps,
+    };
     (stores, stream::select_all([f, n, r, p, c]).boxed())
 }
 
@@ -513,8 +584,22 @@ pub async fn run(
             }
         }
     });
-    let ctx = Context::new(client, &config.identity, metrics.clone(), leader, config.plan.clone());
-    let result = reconcile_loop(&ctx, &stores, &config, &health, changed_rx, shutdown.clone()).await;
+    let ctx = Context::new(
+        client,
+        &config.identity,
+        metrics.clone(),
+        leader,
+        config.plan.clone(),
+    );
+    let result = reconcile_loop(
+        &ctx,
+        &stores,
+        &config,
+        &health,
+        changed_rx,
+        shutdown.clone(),
+    )
+    .await;
     shutdown.cancel();
     if let Err(error) = driver.await {
         tracing::warn!(%error, "watch task ended abnormally");
@@ -584,7 +669,10 @@ pub async fn reconcile_loop(
         ctx.overlay.lock().await.patch(&mut world.pods);
         let summary = reconcile_once(ctx, &world).await;
         freed = summary.plan.freed.clone();
-        let requeue = summary.plan.requeue_after.map_or(config.resync, |r| r.min(config.resync));
+        let requeue = summary
+            .plan
+            .requeue_after
+            .map_or(config.resync, |r| r.min(config.resync));
         match summary.into_result() {
             Ok(_) => {
                 backoff.reset();
@@ -631,7 +719,15 @@ mod tests {
         o.record("ns", "a", "{\"id\":1}");
         let mut pods = vec![pod("ns", "a", None), pod("ns", "b", None)];
         o.patch(&mut pods);
-        assert_eq!(pods[0].metadata.annotations.as_ref().and_then(|a| a.get(REGION_ANNOTATION)).map(String::as_str), Some("{\"id\":1}"));
+        assert_eq!(
+            pods[0]
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(REGION_ANNOTATION))
+                .map(String::as_str),
+            Some("{\"id\":1}")
+        );
         assert!(pods[1].metadata.annotations.is_none());
         assert_eq!(o.len(), 1, "kept until the cache shows it");
         let mut caught_up = vec![pod("ns", "a", Some("{\"id\":1}"))];
@@ -649,7 +745,10 @@ mod tests {
         tokio::time::advance(AnnotationOverlay::TTL).await;
         let mut pods = vec![pod("ns", "a", None)];
         o.patch(&mut pods);
-        assert!(pods[0].metadata.annotations.is_none(), "after the TTL the cache is trusted");
+        assert!(
+            pods[0].metadata.annotations.is_none(),
+            "after the TTL the cache is trusted"
+        );
         assert!(o.is_empty());
     }
 

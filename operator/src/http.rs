@@ -83,27 +83,45 @@ async fn metrics(State(state): State<AppState>) -> Response {
     match state.metrics.render() {
         Ok(body) => (
             StatusCode::OK,
-            [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
             body,
         )
             .into_response(),
         Err(error) => {
             tracing::error!(%error, "failed to encode metrics");
-            (StatusCode::INTERNAL_SERVER_ERROR, "failed to encode metrics\n").into_response()
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "failed to encode metrics\n",
+            )
+                .into_response()
         }
     }
 }
 
 /// Bind `addr` (port 0 picks a free one); returns the listener and the address it got.
 pub async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), HttpError> {
-    let listener = TcpListener::bind(addr).await.map_err(|source| HttpError::Bind { addr, source })?;
-    let local = listener.local_addr().map_err(|source| HttpError::Bind { addr, source })?;
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| HttpError::Bind { addr, source })?;
+    let local = listener
+        .local_addr()
+        .map_err(|source| HttpError::Bind { addr, source })?;
     Ok((listener, local))
 }
 
 /// Serve on `listener` until `shutdown` is cancelled, then finish in-flight requests.
-pub async fn serve(listener: TcpListener, state: AppState, shutdown: CancellationToken) -> Result<(), HttpError> {
-    let addr = listener.local_addr().map_err(|source| HttpError::Bind { addr: ([0, 0, 0, 0], 0).into(), source })?;
+pub async fn serve(
+    listener: TcpListener,
+    state: AppState,
+    shutdown: CancellationToken,
+) -> Result<(), HttpError> {
+    let addr = listener.local_addr().map_err(|source| HttpError::Bind {
+        addr: ([0, 0, 0, 0], 0).into(),
+        source,
+    })?;
     tracing::info!(%addr, "serving /healthz, /readyz and /metrics");
     axum::serve(listener, router(state))
         .with_graceful_shutdown(async move { shutdown.cancelled().await })

@@ -43,7 +43,11 @@ pub struct LeaseConfig {
 
 impl LeaseConfig {
     /// A candidate with client-go's default timings (15 s, 10 s, 2 s).
-    pub fn new(name: impl Into<String>, namespace: impl Into<String>, identity: impl Into<String>) -> Self {
+    pub fn new(
+        name: impl Into<String>,
+        namespace: impl Into<String>,
+        identity: impl Into<String>,
+    ) -> Self {
         Self {
             name: name.into(),
             namespace: namespace.into(),
@@ -79,7 +83,12 @@ pub enum Decision {
 /// Decide what to do with `current` (None: no Lease object), given that this process has seen the
 /// Lease's spec unchanged for `unchanged_for`. `default_duration` applies when the Lease does not
 /// state its own `leaseDurationSeconds`.
-pub fn decide(me: &str, current: Option<&LeaseSpec>, unchanged_for: Duration, default_duration: Duration) -> Decision {
+pub fn decide(
+    me: &str,
+    current: Option<&LeaseSpec>,
+    unchanged_for: Duration,
+    default_duration: Duration,
+) -> Decision {
     let Some(spec) = current else {
         return Decision::Create;
     };
@@ -89,7 +98,9 @@ pub fn decide(me: &str, current: Option<&LeaseSpec>, unchanged_for: Duration, de
         return Decision::Renew;
     }
     if holder.is_empty() {
-        return Decision::TakeOver { transitions: transitions.saturating_add(1) };
+        return Decision::TakeOver {
+            transitions: transitions.saturating_add(1),
+        };
     }
     let duration = spec
         .lease_duration_seconds
@@ -97,9 +108,14 @@ pub fn decide(me: &str, current: Option<&LeaseSpec>, unchanged_for: Duration, de
         .filter(|s| *s > 0)
         .map_or(default_duration, Duration::from_secs);
     if unchanged_for >= duration {
-        Decision::TakeOver { transitions: transitions.saturating_add(1) }
+        Decision::TakeOver {
+            transitions: transitions.saturating_add(1),
+        }
     } else {
-        Decision::Follow { holder: holder.to_string(), expires_in: duration - unchanged_for }
+        Decision::Follow {
+            holder: holder.to_string(),
+            expires_in: duration - unchanged_for,
+        }
     }
 }
 
@@ -113,7 +129,7 @@ pub enum LeaderError {
         namespace: String,
         name: String,
         #[source]
-        source: kube::Error,
+        source: Box<kube::Error>,
     },
 }
 
@@ -142,7 +158,11 @@ impl LeaderElector {
     /// A candidate for `config`'s Lease.
     pub fn new(client: Client, config: LeaseConfig) -> Self {
         let api = Api::namespaced(client, &config.namespace);
-        Self { api, config, observed: None }
+        Self {
+            api,
+            config,
+            observed: None,
+        }
     }
 
     /// The configuration.
@@ -151,7 +171,12 @@ impl LeaderElector {
     }
 
     fn err(&self, op: &'static str, source: kube::Error) -> LeaderError {
-        LeaderError::Api { op, namespace: self.config.namespace.clone(), name: self.config.name.clone(), source }
+        LeaderError::Api {
+            op,
+            namespace: self.config.namespace.clone(),
+            name: self.config.name.clone(),
+            source: Box::new(source),
+        }
     }
 
     fn duration_seconds(&self) -> i32 {
@@ -173,7 +198,11 @@ impl LeaderElector {
     /// Read the Lease, decide, and act once.
     #[tracing::instrument(skip(self), fields(lease = %self.config.name, identity = %self.config.identity))]
     pub async fn try_acquire_or_renew(&mut self) -> Result<Step, LeaderError> {
-        let current = self.api.get_opt(&self.config.name).await.map_err(|e| self.err("get", e))?;
+        let current = self
+            .api
+            .get_opt(&self.config.name)
+            .await
+            .map_err(|e| self.err("get", e))?;
         let now = Instant::now();
         let spec = current.as_ref().map(|l| l.spec.clone().unwrap_or_default());
         match (&self.observed, &spec) {
@@ -181,8 +210,16 @@ impl LeaderElector {
             (_, Some(spec)) => self.observed = Some((spec.clone(), now)),
             (_, None) => self.observed = None,
         }
-        let unchanged_for = self.observed.as_ref().map_or(Duration::ZERO, |(_, at)| now.duration_since(*at));
-        let decision = decide(&self.config.identity, spec.as_ref(), unchanged_for, self.config.lease_duration);
+        let unchanged_for = self
+            .observed
+            .as_ref()
+            .map_or(Duration::ZERO, |(_, at)| now.duration_since(*at));
+        let decision = decide(
+            &self.config.identity,
+            spec.as_ref(),
+            unchanged_for,
+            self.config.lease_duration,
+        );
         tracing::debug!(?decision, "lease decision");
         match decision {
             Decision::Create => {
@@ -208,18 +245,31 @@ impl LeaderElector {
                 let old = lease.spec.clone().unwrap_or_default();
                 lease.spec = Some(match decision {
                     Decision::TakeOver { transitions } => {
-                        tracing::info!(previous = old.holder_identity.as_deref().unwrap_or(""), "taking over lease");
+                        tracing::info!(
+                            previous = old.holder_identity.as_deref().unwrap_or(""),
+                            "taking over lease"
+                        );
                         self.held_spec(None, transitions)
                     }
-                    _ => self.held_spec(old.acquire_time.clone(), old.lease_transitions.unwrap_or(0)),
+                    _ => {
+                        self.held_spec(old.acquire_time.clone(), old.lease_transitions.unwrap_or(0))
+                    }
                 });
-                match self.api.replace(&self.config.name, &PostParams::default(), &lease).await {
+                match self
+                    .api
+                    .replace(&self.config.name, &PostParams::default(), &lease)
+                    .await
+                {
                     Ok(updated) => self.leading(updated, now),
-                    Err(e) if is_status(&e, 409) => Ok(Step::Following { holder: old.holder_identity }),
+                    Err(e) if is_status(&e, 409) => Ok(Step::Following {
+                        holder: old.holder_identity,
+                    }),
                     Err(e) => Err(self.err("update", e)),
                 }
             }
-            Decision::Follow { holder, .. } => Ok(Step::Following { holder: Some(holder) }),
+            Decision::Follow { holder, .. } => Ok(Step::Following {
+                holder: Some(holder),
+            }),
         }
     }
 
@@ -232,7 +282,12 @@ impl LeaderElector {
     /// `leaseDurationSeconds`: the holder is cleared and the duration set to one second, as
     /// client-go's `ReleaseOnCancel` does. Does nothing when we do not hold it.
     pub async fn release(&mut self) -> Result<bool, LeaderError> {
-        let Some(mut lease) = self.api.get_opt(&self.config.name).await.map_err(|e| self.err("get", e))? else {
+        let Some(mut lease) = self
+            .api
+            .get_opt(&self.config.name)
+            .await
+            .map_err(|e| self.err("get", e))?
+        else {
             return Ok(false);
         };
         let spec = lease.spec.clone().unwrap_or_default();
@@ -300,10 +355,10 @@ impl LeaderElector {
             }
         }
         let was_leader = leader.send_replace(false);
-        if was_leader || last_renewed.is_some() {
-            if let Err(error) = self.release().await {
-                tracing::warn!(%error, "failed to release lease on shutdown");
-            }
+        if (was_leader || last_renewed.is_some())
+            && let Err(error) = self.release().await
+        {
+            tracing::warn!(%error, "failed to release lease on shutdown");
         }
     }
 }
@@ -331,7 +386,10 @@ mod tests {
     #[test]
     fn own_lease_is_renewed_even_when_old() {
         let s = spec(Some("a"), Some(15), Some(3));
-        assert_eq!(decide("a", Some(&s), Duration::from_secs(100), D), Decision::Renew);
+        assert_eq!(
+            decide("a", Some(&s), Duration::from_secs(100), D),
+            Decision::Renew
+        );
     }
 
     #[test]
@@ -339,30 +397,51 @@ mod tests {
         let s = spec(Some("b"), Some(15), Some(1));
         assert_eq!(
             decide("a", Some(&s), Duration::from_secs(4), D),
-            Decision::Follow { holder: "b".into(), expires_in: Duration::from_secs(11) }
+            Decision::Follow {
+                holder: "b".into(),
+                expires_in: Duration::from_secs(11)
+            }
         );
     }
 
     #[test]
     fn expired_lease_is_taken_over_and_counts_a_transition() {
         let s = spec(Some("b"), Some(15), Some(1));
-        assert_eq!(decide("a", Some(&s), Duration::from_secs(15), D), Decision::TakeOver { transitions: 2 });
+        assert_eq!(
+            decide("a", Some(&s), Duration::from_secs(15), D),
+            Decision::TakeOver { transitions: 2 }
+        );
     }
 
     #[test]
     fn released_lease_is_taken_at_once() {
         let s = spec(None, Some(1), Some(4));
-        assert_eq!(decide("a", Some(&s), Duration::ZERO, D), Decision::TakeOver { transitions: 5 });
+        assert_eq!(
+            decide("a", Some(&s), Duration::ZERO, D),
+            Decision::TakeOver { transitions: 5 }
+        );
         let empty = spec(Some(""), None, None);
-        assert_eq!(decide("a", Some(&empty), Duration::ZERO, D), Decision::TakeOver { transitions: 1 });
+        assert_eq!(
+            decide("a", Some(&empty), Duration::ZERO, D),
+            Decision::TakeOver { transitions: 1 }
+        );
     }
 
     #[test]
     fn lease_without_duration_uses_the_default() {
         let s = spec(Some("b"), None, None);
-        assert!(matches!(decide("a", Some(&s), Duration::from_secs(14), D), Decision::Follow { .. }));
-        assert!(matches!(decide("a", Some(&s), Duration::from_secs(15), D), Decision::TakeOver { .. }));
+        assert!(matches!(
+            decide("a", Some(&s), Duration::from_secs(14), D),
+            Decision::Follow { .. }
+        ));
+        assert!(matches!(
+            decide("a", Some(&s), Duration::from_secs(15), D),
+            Decision::TakeOver { .. }
+        ));
         let bogus = spec(Some("b"), Some(-3), None);
-        assert!(matches!(decide("a", Some(&bogus), Duration::from_secs(14), D), Decision::Follow { .. }));
+        assert!(matches!(
+            decide("a", Some(&bogus), Duration::from_secs(14), D),
+            Decision::Follow { .. }
+        ));
     }
 }

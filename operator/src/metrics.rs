@@ -94,15 +94,47 @@ impl Metrics {
         let regions_capacity = Family::<FabricLabels, Gauge>::default();
         let leader = Gauge::default();
         let cache_synced = Gauge::<f64, AtomicU64>::default();
-        registry.register("reconciles", "Reconcile passes run by the leader", reconciles.clone());
-        registry.register("reconcile_failures", "Failed reconcile passes and writes, by reason", failures.clone());
-        registry.register("reconcile_duration_seconds", "Duration of a reconcile pass (plan and writes)", duration.clone());
-        registry.register("writes", "Write requests sent to the API server, by kind", writes.clone());
+        registry.register(
+            "reconciles",
+            "Reconcile passes run by the leader",
+            reconciles.clone(),
+        );
+        registry.register(
+            "reconcile_failures",
+            "Failed reconcile passes and writes, by reason",
+            failures.clone(),
+        );
+        registry.register(
+            "reconcile_duration_seconds",
+            "Duration of a reconcile pass (plan and writes)",
+            duration.clone(),
+        );
+        registry.register(
+            "writes",
+            "Write requests sent to the API server, by kind",
+            writes.clone(),
+        );
         registry.register("nodes", "Nodes of each fabric, by state", nodes.clone());
-        registry.register("regions_allocated", "Shared memory regions held by live pods", regions_allocated.clone());
-        registry.register("regions_capacity", "Shared memory regions a fabric can hold", regions_capacity.clone());
-        registry.register("leader", "1 while this replica holds the leader Lease", leader.clone());
-        registry.register("cache_synced", "1 once every watched cache has listed", cache_synced.clone());
+        registry.register(
+            "regions_allocated",
+            "Shared memory regions held by live pods",
+            regions_allocated.clone(),
+        );
+        registry.register(
+            "regions_capacity",
+            "Shared memory regions a fabric can hold",
+            regions_capacity.clone(),
+        );
+        registry.register(
+            "leader",
+            "1 while this replica holds the leader Lease",
+            leader.clone(),
+        );
+        registry.register(
+            "cache_synced",
+            "1 once every watched cache has listed",
+            cache_synced.clone(),
+        );
         Self {
             registry,
             reconciles,
@@ -119,12 +151,20 @@ impl Metrics {
 
     /// Count one failure of category `reason`.
     pub fn failure(&self, reason: &str) {
-        self.failures.get_or_create(&ReasonLabels { reason: reason.to_string() }).inc();
+        self.failures
+            .get_or_create(&ReasonLabels {
+                reason: reason.to_string(),
+            })
+            .inc();
     }
 
     /// Count one write of `kind`.
     pub fn write(&self, kind: &str) {
-        self.writes.get_or_create(&KindLabels { kind: kind.to_string() }).inc();
+        self.writes
+            .get_or_create(&KindLabels {
+                kind: kind.to_string(),
+            })
+            .inc();
     }
 
     /// Record a finished pass.
@@ -146,12 +186,21 @@ impl Metrics {
                 ("conflicting", f.nodes.conflicting),
             ] {
                 self.nodes
-                    .get_or_create(&NodeStateLabels { fabric: fabric.to_string(), state: state.to_string() })
+                    .get_or_create(&NodeStateLabels {
+                        fabric: fabric.to_string(),
+                        state: state.to_string(),
+                    })
                     .set(i64::from(n));
             }
-            let label = FabricLabels { fabric: fabric.to_string() };
-            self.regions_allocated.get_or_create(&label).set(i64::from(f.regions_allocated));
-            self.regions_capacity.get_or_create(&label).set(i64::from(f.regions_capacity));
+            let label = FabricLabels {
+                fabric: fabric.to_string(),
+            };
+            self.regions_allocated
+                .get_or_create(&label)
+                .set(i64::from(f.regions_allocated));
+            self.regions_capacity
+                .get_or_create(&label)
+                .set(i64::from(f.regions_capacity));
         }
     }
 
@@ -174,19 +223,45 @@ mod tests {
         m.failure("api");
         m.write("ApplyRoceNode");
         let figures = FabricFigures {
-            nodes: NodeCounts { selected: 4, configured: 3, failed: 1, conflicting: 2 },
+            nodes: NodeCounts {
+                selected: 4,
+                configured: 3,
+                failed: 1,
+                conflicting: 2,
+            },
             regions_allocated: 7,
             regions_capacity: 64,
         };
         m.set_fabrics([("dgx", &figures)]);
         let text = m.render().expect("encodes");
-        assert!(text.contains("rocefabric_operator_reconciles_total 1"), "{text}");
-        assert!(text.contains(r#"rocefabric_operator_reconcile_failures_total{reason="api"} 1"#), "{text}");
-        assert!(text.contains(r#"rocefabric_operator_writes_total{kind="ApplyRoceNode"} 1"#), "{text}");
-        assert!(text.contains(r#"rocefabric_operator_nodes{fabric="dgx",state="configured"} 3"#), "{text}");
-        assert!(text.contains(r#"rocefabric_operator_nodes{fabric="dgx",state="conflicting"} 2"#), "{text}");
-        assert!(text.contains(r#"rocefabric_operator_regions_allocated{fabric="dgx"} 7"#), "{text}");
-        assert!(text.contains("rocefabric_operator_reconcile_duration_seconds_count 1"), "{text}");
+        assert!(
+            text.contains("rocefabric_operator_reconciles_total 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"rocefabric_operator_reconcile_failures_total{reason="api"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"rocefabric_operator_writes_total{kind="ApplyRoceNode"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"rocefabric_operator_nodes{fabric="dgx",state="configured"} 3"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"rocefabric_operator_nodes{fabric="dgx",state="conflicting"} 2"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"rocefabric_operator_regions_allocated{fabric="dgx"} 7"#),
+            "{text}"
+        );
+        assert!(
+            text.contains("rocefabric_operator_reconcile_duration_seconds_count 1"),
+            "{text}"
+        );
         assert!(text.ends_with("# EOF\n"));
     }
 

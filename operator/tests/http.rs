@@ -18,18 +18,34 @@ async fn get(addr: SocketAddr, path: &str) -> (u16, String, String) {
     let mut raw = String::new();
     stream.read_to_string(&mut raw).await.expect("read");
     let (head, body) = raw.split_once("\r\n\r\n").expect("http response");
-    let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).expect("status code");
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("status code");
     (status, head.to_string(), body.to_string())
 }
 
-async fn start() -> (SocketAddr, Arc<Health>, Arc<Metrics>, CancellationToken, tokio::task::JoinHandle<()>) {
+async fn start() -> (
+    SocketAddr,
+    Arc<Health>,
+    Arc<Metrics>,
+    CancellationToken,
+    tokio::task::JoinHandle<()>,
+) {
     let health = Arc::new(Health::default());
     let metrics = Arc::new(Metrics::new());
-    let (listener, addr) = http::bind(([127, 0, 0, 1], 0).into()).await.expect("bind loopback");
+    let (listener, addr) = http::bind(([127, 0, 0, 1], 0).into())
+        .await
+        .expect("bind loopback");
     let shutdown = CancellationToken::new();
-    let state = AppState { health: health.clone(), metrics: metrics.clone() };
+    let state = AppState {
+        health: health.clone(),
+        metrics: metrics.clone(),
+    };
     let stop = shutdown.clone();
-    let task = tokio::spawn(async move { http::serve(listener, state, stop).await.expect("serves") });
+    let task =
+        tokio::spawn(async move { http::serve(listener, state, stop).await.expect("serves") });
     (addr, health, metrics, shutdown, task)
 }
 
@@ -43,8 +59,14 @@ async fn healthz_always_readyz_only_after_sync() {
     assert_eq!(get(addr, "/readyz").await.0, 200);
     assert_eq!(get(addr, "/nope").await.0, 404);
     shutdown.cancel();
-    tokio::time::timeout(Duration::from_secs(5), task).await.expect("stops on shutdown").expect("no panic");
-    assert!(TcpStream::connect(addr).await.is_err(), "listener closed after shutdown");
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .expect("stops on shutdown")
+        .expect("no panic");
+    assert!(
+        TcpStream::connect(addr).await.is_err(),
+        "listener closed after shutdown"
+    );
 }
 
 #[tokio::test]
@@ -53,14 +75,23 @@ async fn metrics_are_served_as_openmetrics() {
     metrics.pass(Duration::from_millis(12));
     metrics.failure("conflict");
     let figures = FabricFigures {
-        nodes: NodeCounts { selected: 3, configured: 2, failed: 1, conflicting: 0 },
+        nodes: NodeCounts {
+            selected: 3,
+            configured: 2,
+            failed: 1,
+            conflicting: 0,
+        },
         regions_allocated: 5,
         regions_capacity: 16,
     };
     metrics.set_fabrics([("dgx", &figures)]);
     let (status, head, body) = get(addr, "/metrics").await;
     assert_eq!(status, 200);
-    assert!(head.to_lowercase().contains("content-type: application/openmetrics-text"), "{head}");
+    assert!(
+        head.to_lowercase()
+            .contains("content-type: application/openmetrics-text"),
+        "{head}"
+    );
     for line in [
         "rocefabric_operator_reconciles_total 1",
         r#"rocefabric_operator_reconcile_failures_total{reason="conflict"} 1"#,

@@ -48,7 +48,9 @@ async fn absent_lease_is_created_holding_it() {
     let mut e = elector(client, "op-0");
     let fut = e.try_acquire_or_renew();
     let serve = async {
-        api.expect(Method::GET, LEASE, &[]).await.fail(404, "NotFound");
+        api.expect(Method::GET, LEASE, &[])
+            .await
+            .fail(404, "NotFound");
         let create = api.expect(Method::POST, LEASES, &[]).await;
         assert_eq!(create.body["metadata"]["name"], "rocefabric-operator");
         assert_eq!(create.body["spec"]["holderIdentity"], "op-0");
@@ -69,8 +71,12 @@ async fn losing_the_create_race_means_following() {
     let mut e = elector(client, "op-0");
     let fut = e.try_acquire_or_renew();
     let serve = async {
-        api.expect(Method::GET, LEASE, &[]).await.fail(404, "NotFound");
-        api.expect(Method::POST, LEASES, &[]).await.fail(409, "AlreadyExists");
+        api.expect(Method::GET, LEASE, &[])
+            .await
+            .fail(404, "NotFound");
+        api.expect(Method::POST, LEASES, &[])
+            .await
+            .fail(409, "AlreadyExists");
     };
     let (result, ()) = tokio::join!(fut, serve);
     assert_eq!(result.expect("step"), Step::Following { holder: None });
@@ -82,9 +88,19 @@ async fn follower_writes_nothing_while_the_holder_renews_then_takes_over_after_e
     let mut e = elector(client, "op-1");
     // The holder renews every 2 s for a minute: op-1 only reads.
     for i in 0..30 {
-        let renewed = lease(Some("op-0"), &format!("{}", 10 + i), &format!("2026-01-01T00:00:{:02}.000000Z", i * 2), 3);
+        let renewed = lease(
+            Some("op-0"),
+            &format!("{}", 10 + i),
+            &format!("2026-01-01T00:00:{:02}.000000Z", i * 2),
+            3,
+        );
         let s = step(&mut api, &mut e, Some(renewed)).await;
-        assert_eq!(s, Step::Following { holder: Some("op-0".into()) });
+        assert_eq!(
+            s,
+            Step::Following {
+                holder: Some("op-0".into())
+            }
+        );
         tokio::time::advance(Duration::from_secs(2)).await;
     }
     // The holder dies: the same record is read for a while.
@@ -93,18 +109,27 @@ async fn follower_writes_nothing_while_the_holder_renews_then_takes_over_after_e
     assert!(matches!(s, Step::Following { .. }));
     tokio::time::advance(Duration::from_secs(14)).await;
     let s = step(&mut api, &mut e, Some(stale.clone())).await;
-    assert!(matches!(s, Step::Following { .. }), "14 s unchanged is not yet expired");
+    assert!(
+        matches!(s, Step::Following { .. }),
+        "14 s unchanged is not yet expired"
+    );
     tokio::time::advance(Duration::from_secs(1)).await;
 
     let fut = e.try_acquire_or_renew();
     let serve = async {
         api.expect(Method::GET, LEASE, &[]).await.ok(&stale);
         let put = api.expect(Method::PUT, LEASE, &[]).await;
-        assert_eq!(put.body["metadata"]["resourceVersion"], "99", "optimistic concurrency on the read version");
+        assert_eq!(
+            put.body["metadata"]["resourceVersion"], "99",
+            "optimistic concurrency on the read version"
+        );
         assert_eq!(put.body["spec"]["holderIdentity"], "op-1");
         assert_eq!(put.body["spec"]["leaseTransitions"], 4);
         assert_eq!(put.body["spec"]["leaseDurationSeconds"], 15);
-        assert_ne!(put.body["spec"]["acquireTime"], stale["spec"]["acquireTime"]);
+        assert_ne!(
+            put.body["spec"]["acquireTime"],
+            stale["spec"]["acquireTime"]
+        );
         put.echo();
     };
     let (result, ()) = tokio::join!(fut, serve);
@@ -121,10 +146,17 @@ async fn takeover_conflict_means_following() {
     let fut = e.try_acquire_or_renew();
     let serve = async {
         api.expect(Method::GET, LEASE, &[]).await.ok(&stale);
-        api.expect(Method::PUT, LEASE, &[]).await.fail(409, "Conflict");
+        api.expect(Method::PUT, LEASE, &[])
+            .await
+            .fail(409, "Conflict");
     };
     let (result, ()) = tokio::join!(fut, serve);
-    assert_eq!(result.expect("step"), Step::Following { holder: Some("op-0".into()) });
+    assert_eq!(
+        result.expect("step"),
+        Step::Following {
+            holder: Some("op-0".into())
+        }
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -135,9 +167,17 @@ async fn leader_renews_keeping_acquire_time_and_releases_on_shutdown() {
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(e.run(tx, shutdown.clone()));
 
-    api.expect(Method::GET, LEASE, &[]).await.ok(&lease(None, "1", "2026-01-01T00:00:00.000000Z", 2));
+    api.expect(Method::GET, LEASE, &[]).await.ok(&lease(
+        None,
+        "1",
+        "2026-01-01T00:00:00.000000Z",
+        2,
+    ));
     let take = api.expect(Method::PUT, LEASE, &[]).await;
-    assert_eq!(take.body["spec"]["holderIdentity"], "op-0", "a released lease is taken at once");
+    assert_eq!(
+        take.body["spec"]["holderIdentity"], "op-0",
+        "a released lease is taken at once"
+    );
     assert_eq!(take.body["spec"]["leaseTransitions"], 3);
     let mut held = take.body.clone();
     held["metadata"]["resourceVersion"] = json!("2");
@@ -147,7 +187,10 @@ async fn leader_renews_keeping_acquire_time_and_releases_on_shutdown() {
     // Renewal 2 s later: same acquireTime and transitions, new renewTime.
     api.expect(Method::GET, LEASE, &[]).await.ok(&held);
     let renew = api.expect(Method::PUT, LEASE, &[]).await;
-    assert_eq!(renew.body["spec"]["acquireTime"], held["spec"]["acquireTime"]);
+    assert_eq!(
+        renew.body["spec"]["acquireTime"],
+        held["spec"]["acquireTime"]
+    );
     assert_eq!(renew.body["spec"]["leaseTransitions"], 3);
     assert_eq!(renew.body["metadata"]["resourceVersion"], "2");
     let mut renewed = renew.body.clone();
@@ -157,7 +200,11 @@ async fn leader_renews_keeping_acquire_time_and_releases_on_shutdown() {
     shutdown.cancel();
     api.expect(Method::GET, LEASE, &[]).await.ok(&renewed);
     let release = api.expect(Method::PUT, LEASE, &[]).await;
-    assert!(release.body["spec"].get("holderIdentity").is_none(), "holder cleared: {}", release.body);
+    assert!(
+        release.body["spec"].get("holderIdentity").is_none(),
+        "holder cleared: {}",
+        release.body
+    );
     assert_eq!(release.body["spec"]["leaseDurationSeconds"], 1);
     assert_eq!(release.body["spec"]["leaseTransitions"], 3);
     release.echo();
@@ -173,7 +220,9 @@ async fn leader_steps_down_when_it_cannot_renew_within_the_deadline() {
     let (tx, mut rx) = watch::channel(false);
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(e.run(tx, shutdown.clone()));
-    api.expect(Method::GET, LEASE, &[]).await.fail(404, "NotFound");
+    api.expect(Method::GET, LEASE, &[])
+        .await
+        .fail(404, "NotFound");
     let create = api.expect(Method::POST, LEASES, &[]).await;
     let body = create.body.clone();
     create.respond(StatusCode::CREATED, &body);
@@ -191,7 +240,10 @@ async fn leader_steps_down_when_it_cannot_renew_within_the_deadline() {
         }
     }
     let after = became.elapsed();
-    assert!(after >= Duration::from_secs(10) && after < Duration::from_secs(15), "stepped down after {after:?}");
+    assert!(
+        after >= Duration::from_secs(10) && after < Duration::from_secs(15),
+        "stepped down after {after:?}"
+    );
     shutdown.cancel();
     task.await.expect("election ends");
 }

@@ -25,7 +25,12 @@ fn roce_node_write(name: &str) -> Write {
         name: name.into(),
         fabric_name: "dgx".into(),
         fabric_uid: "uid-dgx".into(),
-        spec: RoceNodeSpec { fabric: "dgx".into(), fabric_generation: 2, qos: QosSpec::default().rendered(), ..RoceNodeSpec::default() },
+        spec: RoceNodeSpec {
+            fabric: "dgx".into(),
+            fabric_generation: 2,
+            qos: QosSpec::default().rendered(),
+            ..RoceNodeSpec::default()
+        },
     }
 }
 
@@ -47,12 +52,20 @@ async fn roce_node_is_server_side_applied_with_owner_and_label() {
     let exec = Executor::new(client, "op-0");
     let task = tokio::spawn(async move { exec.execute(&roce_node_write("n1")).await });
 
-    let call = api.expect(Method::PATCH, &format!("{ROCENODES}/n1"), SSA).await;
-    assert_eq!(call.content_type.as_deref(), Some("application/apply-patch+yaml"));
+    let call = api
+        .expect(Method::PATCH, &format!("{ROCENODES}/n1"), SSA)
+        .await;
+    assert_eq!(
+        call.content_type.as_deref(),
+        Some("application/apply-patch+yaml")
+    );
     assert_eq!(call.body["apiVersion"], "rocefabric.io/v1alpha1");
     assert_eq!(call.body["kind"], "RoceNode");
     assert_eq!(call.body["metadata"]["name"], "n1");
-    assert_eq!(call.body["metadata"]["labels"], json!({"rocefabric.io/fabric": "dgx"}));
+    assert_eq!(
+        call.body["metadata"]["labels"],
+        json!({"rocefabric.io/fabric": "dgx"})
+    );
     assert_eq!(
         call.body["metadata"]["ownerReferences"],
         json!([{"apiVersion": "rocefabric.io/v1alpha1", "kind": "RoceFabric", "name": "dgx", "uid": "uid-dgx",
@@ -61,7 +74,10 @@ async fn roce_node_is_server_side_applied_with_owner_and_label() {
     assert_eq!(call.body["spec"]["fabric"], "dgx");
     assert_eq!(call.body["spec"]["fabricGeneration"], 2);
     assert_eq!(call.body["spec"]["qos"]["roceDscp"], 26);
-    assert!(call.body.get("status").is_none(), "the operator never applies RoceNode status");
+    assert!(
+        call.body.get("status").is_none(),
+        "the operator never applies RoceNode status"
+    );
     call.echo();
     assert_eq!(task.await.expect("joined").expect("applied"), Outcome::Done);
 }
@@ -70,9 +86,17 @@ async fn roce_node_is_server_side_applied_with_owner_and_label() {
 async fn deleting_a_gone_roce_node_counts_as_done() {
     let (client, mut api) = mock_client();
     let exec = Executor::new(client, "op-0");
-    let task = tokio::spawn(async move { exec.execute(&Write::DeleteRoceNode { name: "n3".into() }).await });
-    api.expect(Method::DELETE, &format!("{ROCENODES}/n3"), &[]).await.fail(404, "NotFound");
-    assert_eq!(task.await.expect("joined").expect("no error"), Outcome::AlreadyDone);
+    let task = tokio::spawn(async move {
+        exec.execute(&Write::DeleteRoceNode { name: "n3".into() })
+            .await
+    });
+    api.expect(Method::DELETE, &format!("{ROCENODES}/n3"), &[])
+        .await
+        .fail(404, "NotFound");
+    assert_eq!(
+        task.await.expect("joined").expect("no error"),
+        Outcome::AlreadyDone
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -81,24 +105,49 @@ async fn fabric_status_is_applied_on_the_status_subresource() {
     let exec = Executor::new(client, "op-0");
     let status = RoceFabricStatus {
         observed_generation: Some(2),
-        nodes: NodeCounts { selected: 2, configured: 1, failed: 0, conflicting: 1 },
+        nodes: NodeCounts {
+            selected: 2,
+            configured: 1,
+            failed: 0,
+            conflicting: 1,
+        },
         traffic_class: Some(106),
         conflicting_nodes: vec!["n9".into()],
         ..RoceFabricStatus::default()
     };
-    let write = Write::ApplyFabricStatus { fabric: "dgx".into(), status };
+    let write = Write::ApplyFabricStatus {
+        fabric: "dgx".into(),
+        status,
+    };
     let task = tokio::spawn(async move { exec.execute(&write).await });
-    let call = api.expect(Method::PATCH, "/apis/rocefabric.io/v1alpha1/rocefabrics/dgx/status", SSA).await;
-    assert_eq!(call.content_type.as_deref(), Some("application/apply-patch+yaml"));
+    let call = api
+        .expect(
+            Method::PATCH,
+            "/apis/rocefabric.io/v1alpha1/rocefabrics/dgx/status",
+            SSA,
+        )
+        .await;
+    assert_eq!(
+        call.content_type.as_deref(),
+        Some("application/apply-patch+yaml")
+    );
     assert_eq!(call.body["apiVersion"], "rocefabric.io/v1alpha1");
     assert_eq!(call.body["kind"], "RoceFabric");
     assert_eq!(call.body["status"]["observedGeneration"], 2);
-    assert_eq!(call.body["status"]["nodes"], json!({"selected": 2, "configured": 1, "failed": 0, "conflicting": 1}));
+    assert_eq!(
+        call.body["status"]["nodes"],
+        json!({"selected": 2, "configured": 1, "failed": 0, "conflicting": 1})
+    );
     assert_eq!(call.body["status"]["trafficClass"], 106);
     assert_eq!(call.body["status"]["conflictingNodes"], json!(["n9"]));
-    assert!(call.body.get("spec").is_none(), "a status apply carries no spec");
-    call.ok(&json!({"apiVersion": "rocefabric.io/v1alpha1", "kind": "RoceFabric",
-                    "metadata": {"name": "dgx"}, "spec": {}}));
+    assert!(
+        call.body.get("spec").is_none(),
+        "a status apply carries no spec"
+    );
+    call.ok(
+        &json!({"apiVersion": "rocefabric.io/v1alpha1", "kind": "RoceFabric",
+                    "metadata": {"name": "dgx"}, "spec": {}}),
+    );
     assert_eq!(task.await.expect("joined").expect("applied"), Outcome::Done);
 }
 
@@ -108,8 +157,16 @@ async fn annotation_is_patched_strictly_before_the_gate_which_is_removed_by_test
     let ctx = Context::always_leader(client, "op-0", Arc::new(Metrics::new()));
     let value = "{\"fabric\":\"dgx\",\"id\":0,\"base\":0,\"size\":1073741824}".to_string();
     let writes = vec![
-        Write::AnnotatePodRegion { namespace: "team".into(), pod: "w0".into(), value: value.clone() },
-        Write::RemovePodGate { namespace: "team".into(), pod: "w0".into(), remaining_gates: vec!["example.com/quota".into()] },
+        Write::AnnotatePodRegion {
+            namespace: "team".into(),
+            pod: "w0".into(),
+            value: value.clone(),
+        },
+        Write::RemovePodGate {
+            namespace: "team".into(),
+            pod: "w0".into(),
+            remaining_gates: vec!["example.com/quota".into()],
+        },
     ];
     let task = tokio::spawn(async move {
         let mut summary = PassSummary::default();
@@ -117,18 +174,39 @@ async fn annotation_is_patched_strictly_before_the_gate_which_is_removed_by_test
         summary
     });
 
-    let annotate = api.expect(Method::PATCH, "/api/v1/namespaces/team/pods/w0", MANAGED).await;
-    assert_eq!(annotate.content_type.as_deref(), Some("application/merge-patch+json"));
-    assert_eq!(annotate.body, json!({"metadata": {"annotations": {"rocefabric.io/region": value}}}));
+    let annotate = api
+        .expect(Method::PATCH, "/api/v1/namespaces/team/pods/w0", MANAGED)
+        .await;
+    assert_eq!(
+        annotate.content_type.as_deref(),
+        Some("application/merge-patch+json")
+    );
+    assert_eq!(
+        annotate.body,
+        json!({"metadata": {"annotations": {"rocefabric.io/region": value}}})
+    );
     // Until the annotation patch is answered, nothing else may be sent.
     api.assert_no_request(Duration::from_secs(2)).await;
-    annotate.ok(&pod_json("w0", &["example.com/quota", REGION_SCHEDULING_GATE], true));
+    annotate.ok(&pod_json(
+        "w0",
+        &["example.com/quota", REGION_SCHEDULING_GATE],
+        true,
+    ));
 
     api.expect(Method::GET, "/api/v1/namespaces/team/pods/w0", &[])
         .await
-        .ok(&pod_json("w0", &["example.com/quota", REGION_SCHEDULING_GATE], true));
-    let gate = api.expect(Method::PATCH, "/api/v1/namespaces/team/pods/w0", MANAGED).await;
-    assert_eq!(gate.content_type.as_deref(), Some("application/json-patch+json"));
+        .ok(&pod_json(
+            "w0",
+            &["example.com/quota", REGION_SCHEDULING_GATE],
+            true,
+        ));
+    let gate = api
+        .expect(Method::PATCH, "/api/v1/namespaces/team/pods/w0", MANAGED)
+        .await;
+    assert_eq!(
+        gate.content_type.as_deref(),
+        Some("application/json-patch+json")
+    );
     assert_eq!(
         gate.body,
         json!([
@@ -138,7 +216,10 @@ async fn annotation_is_patched_strictly_before_the_gate_which_is_removed_by_test
     );
     gate.ok(&pod_json("w0", &["example.com/quota"], true));
     let summary = task.await.expect("joined");
-    assert_eq!((summary.done, summary.failures.len(), summary.skipped), (2, 0, 0));
+    assert_eq!(
+        (summary.done, summary.failures.len(), summary.skipped),
+        (2, 0, 0)
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -147,8 +228,16 @@ async fn gate_is_kept_when_the_annotation_write_failed() {
     let metrics = Arc::new(Metrics::new());
     let ctx = Context::always_leader(client, "op-0", metrics.clone());
     let writes = vec![
-        Write::AnnotatePodRegion { namespace: "team".into(), pod: "w0".into(), value: "{}".into() },
-        Write::RemovePodGate { namespace: "team".into(), pod: "w0".into(), remaining_gates: vec![] },
+        Write::AnnotatePodRegion {
+            namespace: "team".into(),
+            pod: "w0".into(),
+            value: "{}".into(),
+        },
+        Write::RemovePodGate {
+            namespace: "team".into(),
+            pod: "w0".into(),
+            remaining_gates: vec![],
+        },
         Write::DeleteRoceNode { name: "n3".into() },
     ];
     let task = tokio::spawn(async move {
@@ -156,37 +245,61 @@ async fn gate_is_kept_when_the_annotation_write_failed() {
         execute_all(&ctx, &writes, &mut summary).await;
         summary
     });
-    api.expect(Method::PATCH, "/api/v1/namespaces/team/pods/w0", MANAGED).await.fail(500, "InternalError");
+    api.expect(Method::PATCH, "/api/v1/namespaces/team/pods/w0", MANAGED)
+        .await
+        .fail(500, "InternalError");
     // The next request is the independent delete: no GET or PATCH of the gate in between.
     api.expect(Method::DELETE, &format!("{ROCENODES}/n3"), &[])
         .await
         .ok(&json!({"apiVersion": "v1", "kind": "Status", "status": "Success"}));
     api.assert_no_request(Duration::from_secs(2)).await;
     let summary = task.await.expect("joined");
-    assert_eq!((summary.done, summary.skipped, summary.failures.len()), (1, 1, 1));
+    assert_eq!(
+        (summary.done, summary.skipped, summary.failures.len()),
+        (1, 1, 1)
+    );
     let err = summary.into_result().expect_err("a failed pass");
-    assert!(matches!(err, ReconcileError::Writes { failed: 1, .. }), "{err}");
+    assert!(
+        matches!(err, ReconcileError::Writes { failed: 1, .. }),
+        "{err}"
+    );
     assert_eq!(err.metric_label(), "server_error");
     let text = metrics.render().expect("metrics render");
-    assert!(text.contains(r#"rocefabric_operator_reconcile_failures_total{reason="server_error"} 1"#), "{text}");
+    assert!(
+        text.contains(r#"rocefabric_operator_reconcile_failures_total{reason="server_error"} 1"#),
+        "{text}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn gate_already_removed_sends_no_patch() {
     let (client, mut api) = mock_client();
     let exec = Executor::new(client, "op-0");
-    let write = Write::RemovePodGate { namespace: "team".into(), pod: "w0".into(), remaining_gates: vec![] };
+    let write = Write::RemovePodGate {
+        namespace: "team".into(),
+        pod: "w0".into(),
+        remaining_gates: vec![],
+    };
     let task = tokio::spawn(async move { exec.execute(&write).await });
-    api.expect(Method::GET, "/api/v1/namespaces/team/pods/w0", &[]).await.ok(&pod_json("w0", &[], true));
+    api.expect(Method::GET, "/api/v1/namespaces/team/pods/w0", &[])
+        .await
+        .ok(&pod_json("w0", &[], true));
     api.assert_no_request(Duration::from_secs(2)).await;
-    assert_eq!(task.await.expect("joined").expect("no error"), Outcome::AlreadyDone);
+    assert_eq!(
+        task.await.expect("joined").expect("no error"),
+        Outcome::AlreadyDone
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn gate_is_not_removed_from_a_pod_without_its_annotation() {
     let (client, mut api) = mock_client();
     let exec = Executor::new(client, "op-0");
-    let write = Write::RemovePodGate { namespace: "team".into(), pod: "w0".into(), remaining_gates: vec![] };
+    let write = Write::RemovePodGate {
+        namespace: "team".into(),
+        pod: "w0".into(),
+        remaining_gates: vec![],
+    };
     let task = tokio::spawn(async move { exec.execute(&write).await });
     api.expect(Method::GET, "/api/v1/namespaces/team/pods/w0", &[])
         .await
@@ -201,13 +314,22 @@ async fn gate_is_not_removed_from_a_pod_without_its_annotation() {
 async fn concurrent_gate_change_fails_the_tested_patch() {
     let (client, mut api) = mock_client();
     let exec = Executor::new(client, "op-0");
-    let write = Write::RemovePodGate { namespace: "team".into(), pod: "w0".into(), remaining_gates: vec![] };
+    let write = Write::RemovePodGate {
+        namespace: "team".into(),
+        pod: "w0".into(),
+        remaining_gates: vec![],
+    };
     let task = tokio::spawn(async move { exec.execute(&write).await });
     api.expect(Method::GET, "/api/v1/namespaces/team/pods/w0", &[])
         .await
         .ok(&pod_json("w0", &[REGION_SCHEDULING_GATE], true));
-    let patch = api.expect(Method::PATCH, "/api/v1/namespaces/team/pods/w0", MANAGED).await;
-    assert_eq!(patch.body[0], json!({"op": "test", "path": "/spec/schedulingGates/0/name", "value": "rocefabric.io/region"}));
+    let patch = api
+        .expect(Method::PATCH, "/api/v1/namespaces/team/pods/w0", MANAGED)
+        .await;
+    assert_eq!(
+        patch.body[0],
+        json!({"op": "test", "path": "/spec/schedulingGates/0/name", "value": "rocefabric.io/region"})
+    );
     // Someone removed or reordered gates meanwhile: the test op fails on the server.
     patch.fail(422, "Invalid");
     let err = task.await.expect("joined").expect_err("failed");
@@ -219,20 +341,48 @@ async fn region_directory_is_applied_and_deleted() {
     let (client, mut api) = mock_client();
     let exec = Executor::new(client, "op-0");
     let data = BTreeMap::from([("regions.json".to_string(), "[]".to_string())]);
-    let apply = Write::ApplyRegionDirectory { namespace: "team".into(), fabric: "dgx".into(), fabric_uid: "uid-dgx".into(), data };
-    let delete = Write::DeleteRegionDirectory { namespace: "old".into(), fabric: "dgx".into() };
-    let task = tokio::spawn(async move { (exec.execute(&apply).await, exec.execute(&delete).await) });
-    let call = api.expect(Method::PATCH, "/api/v1/namespaces/team/configmaps/dgx-regions", SSA).await;
+    let apply = Write::ApplyRegionDirectory {
+        namespace: "team".into(),
+        fabric: "dgx".into(),
+        fabric_uid: "uid-dgx".into(),
+        data,
+    };
+    let delete = Write::DeleteRegionDirectory {
+        namespace: "old".into(),
+        fabric: "dgx".into(),
+    };
+    let task =
+        tokio::spawn(async move { (exec.execute(&apply).await, exec.execute(&delete).await) });
+    let call = api
+        .expect(
+            Method::PATCH,
+            "/api/v1/namespaces/team/configmaps/dgx-regions",
+            SSA,
+        )
+        .await;
     assert_eq!(call.body["kind"], "ConfigMap");
-    assert_eq!(call.body["metadata"]["labels"], json!({"rocefabric.io/fabric": "dgx"}));
-    assert_eq!(call.body["metadata"]["ownerReferences"][0]["uid"], "uid-dgx");
+    assert_eq!(
+        call.body["metadata"]["labels"],
+        json!({"rocefabric.io/fabric": "dgx"})
+    );
+    assert_eq!(
+        call.body["metadata"]["ownerReferences"][0]["uid"],
+        "uid-dgx"
+    );
     assert_eq!(call.body["data"], json!({"regions.json": "[]"}));
     call.echo();
-    api.expect(Method::DELETE, "/api/v1/namespaces/old/configmaps/dgx-regions", &[])
-        .await
-        .ok(&json!({"apiVersion": "v1", "kind": "Status", "status": "Success"}));
+    api.expect(
+        Method::DELETE,
+        "/api/v1/namespaces/old/configmaps/dgx-regions",
+        &[],
+    )
+    .await
+    .ok(&json!({"apiVersion": "v1", "kind": "Status", "status": "Success"}));
     let (a, d) = task.await.expect("joined");
-    assert_eq!((a.expect("applied"), d.expect("deleted")), (Outcome::Done, Outcome::Done));
+    assert_eq!(
+        (a.expect("applied"), d.expect("deleted")),
+        (Outcome::Done, Outcome::Done)
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -253,7 +403,13 @@ async fn events_are_recorded_through_events_k8s_io() {
     });
     let task = tokio::spawn(async move { exec.execute(&event).await });
     // A cluster-scoped object's Events go to the default namespace.
-    let call = api.expect(Method::POST, "/apis/events.k8s.io/v1/namespaces/default/events", &[]).await;
+    let call = api
+        .expect(
+            Method::POST,
+            "/apis/events.k8s.io/v1/namespaces/default/events",
+            &[],
+        )
+        .await;
     assert_eq!(call.body["reason"], "NodesConflicting");
     assert_eq!(call.body["note"], "node n9 belongs to the older fabric old");
     assert_eq!(call.body["type"], "Warning");
@@ -262,18 +418,33 @@ async fn events_are_recorded_through_events_k8s_io() {
     assert_eq!(call.body["reportingInstance"], "op-0");
     assert_eq!(call.body["regarding"]["uid"], "uid-dgx");
     call.echo();
-    assert_eq!(task.await.expect("joined").expect("recorded"), Outcome::Done);
+    assert_eq!(
+        task.await.expect("joined").expect("recorded"),
+        Outcome::Done
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_follower_sends_nothing() {
     let (client, mut api) = mock_client();
     let (_tx, leader) = watch::channel(false);
-    let ctx = Context::new(client, "op-1", Arc::new(Metrics::new()), leader, Default::default());
-    let writes = vec![roce_node_write("n1"), Write::DeleteRoceNode { name: "n2".into() }];
+    let ctx = Context::new(
+        client,
+        "op-1",
+        Arc::new(Metrics::new()),
+        leader,
+        Default::default(),
+    );
+    let writes = vec![
+        roce_node_write("n1"),
+        Write::DeleteRoceNode { name: "n2".into() },
+    ];
     let mut summary = PassSummary::default();
     let run = execute_all(&ctx, &writes, &mut summary);
     let ((), ()) = tokio::join!(run, api.assert_no_request(Duration::from_secs(5)));
     assert_eq!(summary.unsent, 2);
-    assert!(matches!(summary.into_result(), Err(ReconcileError::NotLeader { remaining: 2 })));
+    assert!(matches!(
+        summary.into_result(),
+        Err(ReconcileError::NotLeader { remaining: 2 })
+    ));
 }

@@ -57,10 +57,16 @@ pub struct RunArgs {
 pub fn init_tracing(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     // try_init: a second call (tests) keeps the first subscriber.
     let _ = match format {
-        LogFormat::Json => builder.json().flatten_event(true).with_current_span(true).try_init(),
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .try_init(),
         LogFormat::Text => builder.try_init(),
     };
 }
@@ -73,31 +79,42 @@ fn hostname() -> Option<String> {
         .filter(|h| !h.is_empty())
 }
 
-/// Wait for SIGTERM or SIGINT.
-async fn shutdown_signal() -> anyhow::Result<()> {
+/// Install the SIGTERM and SIGINT handlers; the returned future completes on either signal.
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
     use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).context("failed to install the SIGTERM handler")?;
-    let mut int = signal(SignalKind::interrupt()).context("failed to install the SIGINT handler")?;
-    tokio::select! {
-        _ = term.recv() => tracing::info!(signal = "SIGTERM", "shutting down"),
-        _ = int.recv() => tracing::info!(signal = "SIGINT", "shutting down"),
-    }
-    Ok(())
+    let mut term =
+        signal(SignalKind::terminate()).context("failed to install the SIGTERM handler")?;
+    let mut int =
+        signal(SignalKind::interrupt()).context("failed to install the SIGINT handler")?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!(signal = "SIGTERM", "shutting down"),
+            _ = int.recv() => tracing::info!(signal = "SIGINT", "shutting down"),
+        }
+    })
 }
 
 /// Run the operator until SIGTERM or SIGINT.
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
-    let config = kube::Config::infer().await.context(
-        "no Kubernetes configuration found: set KUBECONFIG (or create ~/.kube/config), \
-         or run inside a cluster with a service account",
-    )?;
-    let client = Client::try_from(config).context("failed to build a Kubernetes client from the configuration")?;
-    let namespace = args.lease_namespace.clone().unwrap_or_else(|| client.default_namespace().to_string());
-    let identity = args
-        .identity
+    // Installed first, so a signal during startup is not lost.
+    let signals = shutdown_signal()?;
+    // kube's message already carries its causes; chaining them again would repeat them.
+    let config = kube::Config::infer().await.map_err(|e| {
+        anyhow::anyhow!(
+            "no Kubernetes configuration found: set KUBECONFIG (or create ~/.kube/config), \
+             or run inside a cluster with a service account ({e})"
+        )
+    })?;
+    let client = Client::try_from(config)
+        .context("failed to build a Kubernetes client from the configuration")?;
+    let namespace = args
+        .lease_namespace
         .clone()
-        .or_else(hostname)
-        .context("no identity: pass --identity or set POD_NAME (the hostname could not be read)")?;
+        .unwrap_or_else(|| client.default_namespace().to_string());
+    let identity =
+        args.identity.clone().or_else(hostname).context(
+            "no identity: pass --identity or set POD_NAME (the hostname could not be read)",
+        )?;
     tracing::info!(lease = %args.lease_name, %namespace, %identity, "starting rocefabric-operator");
 
     let shutdown = CancellationToken::new();
@@ -107,12 +124,18 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     tracing::info!(%addr, "http listening");
     let http_task = tokio::spawn(http::serve(
         listener,
-        AppState { health: health.clone(), metrics: metrics.clone() },
+        AppState {
+            health: health.clone(),
+            metrics: metrics.clone(),
+        },
         shutdown.clone(),
     ));
 
     let (leader_tx, leader_rx) = watch::channel(false);
-    let elector = LeaderElector::new(client.clone(), LeaseConfig::new(&args.lease_name, &namespace, &identity));
+    let elector = LeaderElector::new(
+        client.clone(),
+        LeaseConfig::new(&args.lease_name, &namespace, &identity),
+    );
     let elector_task = tokio::spawn(elector.run(leader_tx, shutdown.clone()));
 
     let controller_config = ControllerConfig {
@@ -129,15 +152,37 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         shutdown.clone(),
     ));
 
-    let signal_result = shutdown_signal().await;
-    shutdown.cancel();
-    // The controller finishes the write in flight and stops; then the Lease is released.
-    let controller_result = controller_task.await.context("controller task panicked")?;
-    elector_task.await.context("leader election task panicked")?;
-    let http_result = http_task.await.context("http task panicked")?;
-    signal_result?;
-    controller_result?;
-    http_result?;
+    let mut controller_task = controller_task;
+    let mut http_task = http_task;
+    // Run until a signal, or until the controller or the HTTP server stops on its own (an error).
+    let (controller_result, http_result) = tokio::select! {
+        () = signals => {
+            shutdown.cancel();
+            (None, None)
+        }
+        result = &mut controller_task => {
+            shutdown.cancel();
+            (Some(result.context("controller task panicked")?), None)
+        }
+        result = &mut http_task => {
+            shutdown.cancel();
+            (None, Some(result.context("http task panicked")?))
+        }
+    };
+    // The controller finishes the write in flight and stops; the elector releases the Lease.
+    let controller_result = match controller_result {
+        Some(r) => r,
+        None => controller_task.await.context("controller task panicked")?,
+    };
+    elector_task
+        .await
+        .context("leader election task panicked")?;
+    let http_result = match http_result {
+        Some(r) => r,
+        None => http_task.await.context("http task panicked")?,
+    };
+    controller_result.context("controller failed")?;
+    http_result.context("http server failed")?;
     tracing::info!("stopped");
     Ok(())
 }

@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use futures::channel::mpsc;
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, StreamBody};
 use http_body::Frame;
+use http_body_util::{BodyExt, StreamBody};
 use kube::Client;
 use kube::client::Body;
 use serde_json::{Value, json};
@@ -69,11 +69,24 @@ fn route(path: &str) -> Option<Route> {
         _ => (None, rest),
     };
     match rest {
-        [plural] => Some(Route { plural: plural.to_string(), namespace, name: None, status: false }),
-        [plural, name] => Some(Route { plural: plural.to_string(), namespace, name: Some(name.to_string()), status: false }),
-        [plural, name, "status"] => {
-            Some(Route { plural: plural.to_string(), namespace, name: Some(name.to_string()), status: true })
-        }
+        [plural] => Some(Route {
+            plural: plural.to_string(),
+            namespace,
+            name: None,
+            status: false,
+        }),
+        [plural, name] => Some(Route {
+            plural: plural.to_string(),
+            namespace,
+            name: Some(name.to_string()),
+            status: false,
+        }),
+        [plural, name, "status"] => Some(Route {
+            plural: plural.to_string(),
+            namespace,
+            name: Some(name.to_string()),
+            status: true,
+        }),
         _ => None,
     }
 }
@@ -101,7 +114,12 @@ impl State {
 
     fn notify(&mut self, plural: &str, kind: &str, obj: &Value) {
         let line = format!("{}\n", json!({ "type": kind, "object": obj }));
-        self.watchers.retain(|(p, tx)| p != plural || tx.unbounded_send(Ok(Frame::data(Bytes::from(line.clone())))).is_ok());
+        self.watchers.retain(|(p, tx)| {
+            p != plural
+                || tx
+                    .unbounded_send(Ok(Frame::data(Bytes::from(line.clone()))))
+                    .is_ok()
+        });
     }
 
     fn insert(&mut self, key: Key, mut obj: Value, created: bool) -> Value {
@@ -120,7 +138,9 @@ impl State {
         let items: Vec<Value> = self
             .objects
             .iter()
-            .filter(|((p, ns, _), _)| p == plural && (namespace.is_none() || ns.as_deref() == namespace))
+            .filter(|((p, ns, _), _)| {
+                p == plural && (namespace.is_none() || ns.as_deref() == namespace)
+            })
             .filter(|(_, obj)| label.is_none_or(|l| obj["metadata"]["labels"].get(l).is_some()))
             .map(|(_, obj)| obj.clone())
             .collect();
@@ -129,12 +149,23 @@ impl State {
 
     fn handle(&mut self, call: &Call) -> (StatusCode, Value) {
         let Some(r) = route(&call.path) else {
-            return (StatusCode::NOT_FOUND, status_body(404, "NotFound", "no route"));
+            return (
+                StatusCode::NOT_FOUND,
+                status_body(404, "NotFound", "no route"),
+            );
         };
         let key = |name: &str| (r.plural.clone(), r.namespace.clone(), name.to_string());
-        let not_found = || (StatusCode::NOT_FOUND, status_body(404, "NotFound", "not found"));
+        let not_found = || {
+            (
+                StatusCode::NOT_FOUND,
+                status_body(404, "NotFound", "not found"),
+            )
+        };
         match (&call.method, r.name.as_deref()) {
-            (&Method::GET, None) => (StatusCode::OK, self.list(&r.plural, r.namespace.as_deref(), call.q("labelSelector"))),
+            (&Method::GET, None) => (
+                StatusCode::OK,
+                self.list(&r.plural, r.namespace.as_deref(), call.q("labelSelector")),
+            ),
             (&Method::GET, Some(name)) => {
                 if r.plural == "leases"
                     && let Some(holder) = self.renewing_holder.clone()
@@ -142,7 +173,8 @@ impl State {
                 {
                     let n = self.rv;
                     lease["spec"]["holderIdentity"] = json!(holder);
-                    lease["spec"]["renewTime"] = json!(format!("2026-01-01T00:00:{:02}.{:06}Z", n % 60, n));
+                    lease["spec"]["renewTime"] =
+                        json!(format!("2026-01-01T00:00:{:02}.{:06}Z", n % 60, n));
                     self.insert(key(name), lease, false);
                 }
                 match self.objects.get(&key(name)) {
@@ -151,18 +183,37 @@ impl State {
                 }
             }
             (&Method::POST, None) => {
-                let name = call.body["metadata"]["name"].as_str().unwrap_or_default().to_string();
+                let name = call.body["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
                 if self.objects.contains_key(&key(&name)) {
-                    return (StatusCode::CONFLICT, status_body(409, "AlreadyExists", "exists"));
+                    return (
+                        StatusCode::CONFLICT,
+                        status_body(409, "AlreadyExists", "exists"),
+                    );
                 }
-                (StatusCode::CREATED, self.insert(key(&name), call.body.clone(), true))
+                (
+                    StatusCode::CREATED,
+                    self.insert(key(&name), call.body.clone(), true),
+                )
             }
             (&Method::PUT, Some(name)) => {
-                let Some(current) = self.objects.get(&key(name)) else { return not_found() };
-                if call.body["metadata"]["resourceVersion"] != current["metadata"]["resourceVersion"] {
-                    return (StatusCode::CONFLICT, status_body(409, "Conflict", "the object has been modified"));
+                let Some(current) = self.objects.get(&key(name)) else {
+                    return not_found();
+                };
+                if call.body["metadata"]["resourceVersion"]
+                    != current["metadata"]["resourceVersion"]
+                {
+                    return (
+                        StatusCode::CONFLICT,
+                        status_body(409, "Conflict", "the object has been modified"),
+                    );
                 }
-                (StatusCode::OK, self.insert(key(name), call.body.clone(), false))
+                (
+                    StatusCode::OK,
+                    self.insert(key(name), call.body.clone(), false),
+                )
             }
             (&Method::DELETE, Some(name)) => match self.objects.remove(&key(name)) {
                 Some(obj) => {
@@ -177,16 +228,26 @@ impl State {
                 let created = existing.is_none();
                 let mut obj = match existing {
                     Some(obj) => obj,
-                    None if content_type.contains("apply-patch") && !r.status => json!({ "metadata": {} }),
+                    None if content_type.contains("apply-patch") && !r.status => {
+                        json!({ "metadata": {} })
+                    }
                     None => return not_found(),
                 };
                 if content_type.contains("json-patch") {
                     let ops: json_patch::Patch = match serde_json::from_value(call.body.clone()) {
                         Ok(p) => p,
-                        Err(e) => return (StatusCode::BAD_REQUEST, status_body(400, "BadRequest", &e.to_string())),
+                        Err(e) => {
+                            return (
+                                StatusCode::BAD_REQUEST,
+                                status_body(400, "BadRequest", &e.to_string()),
+                            );
+                        }
                     };
                     if let Err(e) = json_patch::patch(&mut obj, &ops) {
-                        return (StatusCode::UNPROCESSABLE_ENTITY, status_body(422, "Invalid", &e.to_string()));
+                        return (
+                            StatusCode::UNPROCESSABLE_ENTITY,
+                            status_body(422, "Invalid", &e.to_string()),
+                        );
                     }
                 } else if r.status {
                     obj["status"] = call.body["status"].clone();
@@ -207,7 +268,10 @@ impl State {
                 }
                 (StatusCode::OK, self.insert(key(name), obj, created))
             }
-            _ => (StatusCode::METHOD_NOT_ALLOWED, status_body(405, "MethodNotAllowed", "unsupported")),
+            _ => (
+                StatusCode::METHOD_NOT_ALLOWED,
+                status_body(405, "MethodNotAllowed", "unsupported"),
+            ),
         }
     }
 }
@@ -217,7 +281,10 @@ impl FakeCluster {
     pub fn start(objects: Vec<Value>) -> (Client, FakeCluster) {
         let (service, mut handle) = mock::pair::<Request<Body>, Response<MockBody>>();
         let client = Client::new(service, "default");
-        let mut state = State { rv: 100, ..State::default() };
+        let mut state = State {
+            rv: 100,
+            ..State::default()
+        };
         for obj in objects {
             let kind = obj["kind"].as_str().unwrap_or_default();
             let plural = match kind {
@@ -227,7 +294,10 @@ impl FakeCluster {
                 k => format!("{}s", k.to_lowercase()),
             };
             let ns = obj["metadata"]["namespace"].as_str().map(str::to_string);
-            let name = obj["metadata"]["name"].as_str().unwrap_or_default().to_string();
+            let name = obj["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
             state.objects.insert((plural, ns, name), obj);
         }
         let state = Arc::new(Mutex::new(state));
@@ -242,7 +312,12 @@ impl FakeCluster {
                     let (tx, rx) = mpsc::unbounded();
                     st.watchers.push((plural, tx));
                     let body = StreamBody::new(rx).boxed_unsync();
-                    responder.send_response(Response::builder().status(200).body(body).expect("valid response"));
+                    responder.send_response(
+                        Response::builder()
+                            .status(200)
+                            .body(body)
+                            .expect("valid response"),
+                    );
                 } else {
                     let (status, body) = st.handle(&call);
                     responder.send_response(json_response(status, &body));
@@ -258,13 +333,21 @@ impl FakeCluster {
         let st = self.state.lock().expect("fake state lock");
         st.log
             .iter()
-            .map(|c| Logged { method: c.method.clone(), path: c.path.clone(), query: c.query.clone(), body: c.body.clone() })
+            .map(|c| Logged {
+                method: c.method.clone(),
+                path: c.path.clone(),
+                query: c.query.clone(),
+                body: c.body.clone(),
+            })
             .collect()
     }
 
     /// Requests that change state, in order.
     pub fn writes(&self) -> Vec<Logged> {
-        self.log().into_iter().filter(|c| c.method != Method::GET).collect()
+        self.log()
+            .into_iter()
+            .filter(|c| c.method != Method::GET)
+            .collect()
     }
 
     /// Forget the log.
@@ -275,7 +358,13 @@ impl FakeCluster {
     /// The stored object, if any.
     pub fn get(&self, plural: &str, namespace: Option<&str>, name: &str) -> Option<Value> {
         let st = self.state.lock().expect("fake state lock");
-        st.objects.get(&(plural.to_string(), namespace.map(str::to_string), name.to_string())).cloned()
+        st.objects
+            .get(&(
+                plural.to_string(),
+                namespace.map(str::to_string),
+                name.to_string(),
+            ))
+            .cloned()
     }
 
     /// Keep renewing every Lease as `holder` on each read (None: that holder is gone).

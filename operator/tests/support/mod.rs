@@ -73,7 +73,11 @@ pub struct Call {
 
 impl std::fmt::Debug for Call {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} {}?{:?} {}", self.method, self.path, self.query, self.body)
+        write!(
+            f,
+            "{} {}?{:?} {}",
+            self.method, self.path, self.query, self.body
+        )
     }
 }
 
@@ -84,7 +88,8 @@ impl Call {
         let body = if bytes.is_empty() {
             Value::Null
         } else {
-            serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("request body is not JSON ({e}): {bytes:?}"))
+            serde_json::from_slice(&bytes)
+                .unwrap_or_else(|e| panic!("request body is not JSON ({e}): {bytes:?}"))
         };
         let query = parts
             .uri
@@ -103,7 +108,11 @@ impl Call {
             method: parts.method,
             path: parts.uri.path().to_string(),
             query,
-            content_type: parts.headers.get("content-type").and_then(|v| v.to_str().ok()).map(str::to_string),
+            content_type: parts
+                .headers
+                .get("content-type")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string),
             body,
             responder,
         }
@@ -164,15 +173,24 @@ impl ApiServer {
     /// The next request, asserted to be `method path` with exactly `query`.
     pub async fn expect(&mut self, method: Method, path: &str, query: &[(&str, &str)]) -> Call {
         let call = self.next(&format!("{method} {path}")).await;
-        assert_eq!((&call.method, call.path.as_str()), (&method, path), "unexpected request: {call:?}");
-        let want: BTreeMap<String, String> = query.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        assert_eq!(
+            (&call.method, call.path.as_str()),
+            (&method, path),
+            "unexpected request: {call:?}"
+        );
+        let want: BTreeMap<String, String> = query
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         assert_eq!(call.query, want, "query of {method} {path}");
         call
     }
 
     /// Assert that no request arrives within `within`.
     pub async fn assert_no_request(&mut self, within: Duration) {
-        if let Ok(Some((request, _))) = tokio::time::timeout(within, self.handle.next_request()).await {
+        if let Ok(Some((request, _))) =
+            tokio::time::timeout(within, self.handle.next_request()).await
+        {
             let call = Call::read(request, None).await;
             panic!("expected no request, got {call:?}");
         }

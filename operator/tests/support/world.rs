@@ -22,7 +22,12 @@ pub fn now() -> Timestamp {
 }
 
 fn labels(pairs: &[(&str, &str)]) -> Option<BTreeMap<String, String>> {
-    Some(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect())
+    Some(
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    )
 }
 
 /// A fabric selecting nodes by `selector` labels, created `age_secs` before [`now`].
@@ -30,7 +35,10 @@ pub fn fabric(name: &str, uid: &str, selector: &[(&str, &str)], age_secs: i64) -
     let mut f = RoceFabric::new(
         name,
         RoceFabricSpec {
-            node_selector: LabelSelector { match_labels: labels(selector), ..LabelSelector::default() },
+            node_selector: LabelSelector {
+                match_labels: labels(selector),
+                ..LabelSelector::default()
+            },
             ..RoceFabricSpec::default()
         },
     );
@@ -42,11 +50,18 @@ pub fn fabric(name: &str, uid: &str, selector: &[(&str, &str)], age_secs: i64) -
 }
 
 /// Give `f` a shared memory space of `max` regions of 1 GiB for pods labelled `pod_selector`.
-pub fn with_shared_memory(mut f: RoceFabric, max: u32, pod_selector: &[(&str, &str)]) -> RoceFabric {
+pub fn with_shared_memory(
+    mut f: RoceFabric,
+    max: u32,
+    pod_selector: &[(&str, &str)],
+) -> RoceFabric {
     f.spec.shared_memory = Some(SharedMemorySpec {
         region_size: Quantity("1Gi".into()),
         max_regions: max,
-        pod_selector: LabelSelector { match_labels: labels(pod_selector), ..LabelSelector::default() },
+        pod_selector: LabelSelector {
+            match_labels: labels(pod_selector),
+            ..LabelSelector::default()
+        },
     });
     f
 }
@@ -54,19 +69,31 @@ pub fn with_shared_memory(mut f: RoceFabric, max: u32, pod_selector: &[(&str, &s
 /// A node as a metadata-only watch delivers it.
 pub fn node(name: &str, pairs: &[(&str, &str)]) -> Node {
     Node {
-        metadata: ObjectMeta { name: Some(name.into()), labels: labels(pairs), ..ObjectMeta::default() },
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: labels(pairs),
+            ..ObjectMeta::default()
+        },
         spec: None,
         status: None,
     }
 }
 
 /// A pending pod, gated by `rocefabric.io/region` (after `other_gate` when given).
-pub fn gated_pod(namespace: &str, name: &str, pairs: &[(&str, &str)], other_gate: Option<&str>, age_secs: i64) -> Pod {
+pub fn gated_pod(
+    namespace: &str,
+    name: &str,
+    pairs: &[(&str, &str)],
+    other_gate: Option<&str>,
+    age_secs: i64,
+) -> Pod {
     let mut gates = Vec::new();
     if let Some(g) = other_gate {
         gates.push(PodSchedulingGate { name: g.into() });
     }
-    gates.push(PodSchedulingGate { name: REGION_SCHEDULING_GATE.into() });
+    gates.push(PodSchedulingGate {
+        name: REGION_SCHEDULING_GATE.into(),
+    });
     Pod {
         metadata: ObjectMeta {
             name: Some(name.into()),
@@ -76,8 +103,14 @@ pub fn gated_pod(namespace: &str, name: &str, pairs: &[(&str, &str)], other_gate
             creation_timestamp: Some(Time(ts(now().as_second() - age_secs))),
             ..ObjectMeta::default()
         },
-        spec: Some(PodSpec { scheduling_gates: Some(gates), ..PodSpec::default() }),
-        status: Some(PodStatus { phase: Some("Pending".into()), ..PodStatus::default() }),
+        spec: Some(PodSpec {
+            scheduling_gates: Some(gates),
+            ..PodSpec::default()
+        }),
+        status: Some(PodStatus {
+            phase: Some("Pending".into()),
+            ..PodStatus::default()
+        }),
     }
 }
 
@@ -94,9 +127,18 @@ pub fn world(fabrics: Vec<RoceFabric>, nodes: Vec<Node>, pods: Vec<Pod>) -> Worl
 pub fn apply_writes(world: &mut World, writes: &[Write]) {
     for write in writes {
         match write {
-            Write::ApplyRoceNode { name, fabric_name, fabric_uid, spec } => {
+            Write::ApplyRoceNode {
+                name,
+                fabric_name,
+                fabric_uid,
+                spec,
+            } => {
                 let mut obj = roce_node_object(name, fabric_name, fabric_uid, spec);
-                match world.roce_nodes.iter_mut().find(|r| r.metadata.name.as_deref() == Some(name)) {
+                match world
+                    .roce_nodes
+                    .iter_mut()
+                    .find(|r| r.metadata.name.as_deref() == Some(name))
+                {
                     Some(existing) => {
                         let generation = existing.metadata.generation.unwrap_or(1);
                         let changed = existing.spec != obj.spec;
@@ -115,13 +157,23 @@ pub fn apply_writes(world: &mut World, writes: &[Write]) {
                     }
                 }
             }
-            Write::DeleteRoceNode { name } => world.roce_nodes.retain(|r| r.metadata.name.as_deref() != Some(name)),
+            Write::DeleteRoceNode { name } => world
+                .roce_nodes
+                .retain(|r| r.metadata.name.as_deref() != Some(name)),
             Write::ApplyFabricStatus { fabric, status } => {
-                if let Some(f) = world.fabrics.iter_mut().find(|f| f.metadata.name.as_deref() == Some(fabric)) {
+                if let Some(f) = world
+                    .fabrics
+                    .iter_mut()
+                    .find(|f| f.metadata.name.as_deref() == Some(fabric))
+                {
                     f.status = Some(status.clone());
                 }
             }
-            Write::AnnotatePodRegion { namespace, pod, value } => {
+            Write::AnnotatePodRegion {
+                namespace,
+                pod,
+                value,
+            } => {
                 if let Some(p) = find_pod(world, namespace, pod) {
                     p.metadata
                         .annotations
@@ -130,23 +182,31 @@ pub fn apply_writes(world: &mut World, writes: &[Write]) {
                 }
             }
             Write::RemovePodGate { namespace, pod, .. } => {
-                if let Some(gates) =
-                    find_pod(world, namespace, pod).and_then(|p| p.spec.as_mut()).and_then(|s| s.scheduling_gates.as_mut())
+                if let Some(gates) = find_pod(world, namespace, pod)
+                    .and_then(|p| p.spec.as_mut())
+                    .and_then(|s| s.scheduling_gates.as_mut())
                 {
                     gates.retain(|g| g.name != REGION_SCHEDULING_GATE);
                 }
             }
-            Write::ApplyRegionDirectory { namespace, fabric, fabric_uid, data } => {
+            Write::ApplyRegionDirectory {
+                namespace,
+                fabric,
+                fabric_uid,
+                data,
+            } => {
                 let obj = region_directory_object(namespace, fabric, fabric_uid, data);
                 world.config_maps.retain(|c| {
-                    !(c.metadata.namespace == obj.metadata.namespace && c.metadata.name == obj.metadata.name)
+                    !(c.metadata.namespace == obj.metadata.namespace
+                        && c.metadata.name == obj.metadata.name)
                 });
                 world.config_maps.push(obj);
             }
             Write::DeleteRegionDirectory { namespace, fabric } => {
                 let name = rocefabric_operator::planner::writes::region_directory_name(fabric);
                 world.config_maps.retain(|c| {
-                    !(c.metadata.namespace.as_deref() == Some(namespace) && c.metadata.name.as_deref() == Some(&name))
+                    !(c.metadata.namespace.as_deref() == Some(namespace)
+                        && c.metadata.name.as_deref() == Some(&name))
                 });
             }
             Write::Event(_) => {}
@@ -155,8 +215,8 @@ pub fn apply_writes(world: &mut World, writes: &[Write]) {
 }
 
 fn find_pod<'a>(world: &'a mut World, namespace: &str, name: &str) -> Option<&'a mut Pod> {
-    world
-        .pods
-        .iter_mut()
-        .find(|p| p.metadata.namespace.as_deref() == Some(namespace) && p.metadata.name.as_deref() == Some(name))
+    world.pods.iter_mut().find(|p| {
+        p.metadata.namespace.as_deref() == Some(namespace)
+            && p.metadata.name.as_deref() == Some(name)
+    })
 }

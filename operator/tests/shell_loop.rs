@@ -1,0 +1,191 @@
+//! The whole controller (watch caches, leader election, reconcile loop) against the in-memory
+//! fake API server, on paused time: a follower sends no writes and is ready; when the holder
+//! stops renewing it takes the Lease over, configures the fabric, then goes quiet (steady
+//! state); on shutdown it releases the Lease.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::Method;
+use rocefabric_operator::controller::{self, ControllerConfig};
+use rocefabric_operator::http::Health;
+use rocefabric_operator::leader::{LeaderElector, LeaseConfig};
+use rocefabric_operator::metrics::Metrics;
+use serde_json::json;
+use support::fake::FakeCluster;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+fn objects() -> Vec<serde_json::Value> {
+    let node = |name: &str, rdma: bool| {
+        let labels = if rdma {
+            json!({"rdma": "true"})
+        } else {
+            json!({})
+        };
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels, "resourceVersion": "1"}})
+    };
+    vec![
+        json!({"apiVersion": "rocefabric.io/v1alpha1", "kind": "RoceFabric",
+               "metadata": {"name": "dgx", "uid": "uid-dgx", "generation": 1, "resourceVersion": "1",
+                            "creationTimestamp": "2025-12-01T00:00:00Z"},
+               "spec": {"nodeSelector": {"matchLabels": {"rdma": "true"}}, "rollout": {"maxUnavailable": "100%"}}}),
+        node("n1", true),
+        node("n2", true),
+        node("cp", false),
+        json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+               "metadata": {"name": "rocefabric-operator", "namespace": "ops", "resourceVersion": "1"},
+               "spec": {"holderIdentity": "op-0", "leaseDurationSeconds": 15, "leaseTransitions": 0,
+                        "renewTime": "2026-01-01T00:00:00.000000Z"}}),
+    ]
+}
+
+fn summary(calls: &[support::fake::Logged]) -> Vec<String> {
+    calls
+        .iter()
+        .map(|c| format!("{} {}", c.method, c.path))
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn follower_is_quiet_then_takes_over_configures_goes_quiet_and_releases() {
+    let (client, fake) = FakeCluster::start(objects());
+    fake.set_renewing_holder(Some("op-0"));
+
+    let metrics = Arc::new(Metrics::new());
+    let health = Arc::new(Health::default());
+    let shutdown = CancellationToken::new();
+    let (leader_tx, leader_rx) = watch::channel(false);
+    let elector = LeaderElector::new(
+        client.clone(),
+        LeaseConfig::new("rocefabric-operator", "ops", "op-1"),
+    );
+    let election = tokio::spawn(elector.run(leader_tx, shutdown.clone()));
+    let ctrl = tokio::spawn(controller::run(
+        client,
+        ControllerConfig::new("op-1"),
+        metrics.clone(),
+        health.clone(),
+        leader_rx.clone(),
+        shutdown.clone(),
+    ));
+
+    // A minute as a follower: caches synced, ready, and not one write.
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert!(
+        health.is_ready(),
+        "a follower is ready once its caches synced"
+    );
+    assert!(!*leader_rx.borrow());
+    assert_eq!(
+        summary(&fake.writes()),
+        Vec::<String>::new(),
+        "a follower sends no writes"
+    );
+    let lists: Vec<String> = fake
+        .log()
+        .iter()
+        .filter(|c| !c.query.contains_key("watch"))
+        .map(|c| c.path.clone())
+        .collect();
+    for path in [
+        "/apis/rocefabric.io/v1alpha1/rocefabrics",
+        "/api/v1/nodes",
+        "/apis/rocefabric.io/v1alpha1/rocenodes",
+        "/api/v1/pods",
+        "/api/v1/configmaps",
+    ] {
+        assert!(
+            lists.iter().any(|p| p == path),
+            "{path} was listed: {lists:?}"
+        );
+    }
+
+    // The holder dies; within a lease duration (plus a retry) op-1 takes over and configures.
+    fake.clear_log();
+    fake.set_renewing_holder(None);
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert!(*leader_rx.borrow(), "took over the expired lease");
+    let writes = fake.writes();
+    let order = summary(&writes);
+    let takeover = writes
+        .iter()
+        .position(|c| c.method == Method::PUT)
+        .expect("lease taken over");
+    assert_eq!(writes[takeover].body["spec"]["holderIdentity"], "op-1");
+    assert_eq!(writes[takeover].body["spec"]["leaseTransitions"], 1);
+    let first_apply = order
+        .iter()
+        .position(|c| c.starts_with("PATCH /apis/rocefabric.io/v1alpha1/rocenodes/"))
+        .expect("rocenodes applied");
+    assert!(
+        takeover < first_apply,
+        "no write before holding the lease: {order:?}"
+    );
+    for n in ["n1", "n2"] {
+        let rn = fake.get("rocenodes", None, n).expect("rocenode created");
+        assert_eq!(rn["metadata"]["ownerReferences"][0]["uid"], "uid-dgx");
+        assert_eq!(rn["spec"]["fabric"], "dgx");
+    }
+    assert!(
+        fake.get("rocenodes", None, "cp").is_none(),
+        "unselected node untouched"
+    );
+    let fabric = fake.get("rocefabrics", None, "dgx").expect("fabric");
+    assert_eq!(fabric["status"]["nodes"]["selected"], 2);
+    assert_eq!(fabric["status"]["trafficClass"], 106);
+    let apply = writes
+        .iter()
+        .find(|c| c.path.ends_with("/rocenodes/n1"))
+        .expect("n1 applied");
+    assert_eq!(
+        apply.query.get("fieldManager").map(String::as_str),
+        Some("rocefabric-operator")
+    );
+    assert_eq!(apply.query.get("force").map(String::as_str), Some("true"));
+
+    // Steady state: the watch events of its own writes and the periodic resync plan again, and
+    // send nothing but lease renewals.
+    fake.clear_log();
+    tokio::time::sleep(Duration::from_secs(400)).await;
+    let other: Vec<String> = summary(&fake.writes())
+        .into_iter()
+        .filter(|c| {
+            c != "PUT /apis/coordination.k8s.io/v1/namespaces/ops/leases/rocefabric-operator"
+        })
+        .collect();
+    assert_eq!(other, Vec::<String>::new(), "steady state writes nothing");
+    let text = metrics.render().expect("metrics");
+    assert!(text.contains("rocefabric_operator_leader 1"), "{text}");
+    assert!(
+        text.contains(r#"rocefabric_operator_nodes{fabric="dgx",state="selected"} 2"#),
+        "{text}"
+    );
+
+    // Shutdown releases the Lease.
+    fake.clear_log();
+    shutdown.cancel();
+    ctrl.await
+        .expect("controller task")
+        .expect("controller ends cleanly");
+    election.await.expect("election task");
+    let last = fake.writes().pop().expect("release sent");
+    assert_eq!(
+        (last.method, last.path.as_str()),
+        (
+            Method::PUT,
+            "/apis/coordination.k8s.io/v1/namespaces/ops/leases/rocefabric-operator"
+        )
+    );
+    assert!(
+        last.body["spec"].get("holderIdentity").is_none(),
+        "released: {}",
+        last.body
+    );
+    let lease = fake
+        .get("leases", Some("ops"), "rocefabric-operator")
+        .expect("lease");
+    assert_eq!(lease["spec"]["leaseDurationSeconds"], 1);
+}
