@@ -391,7 +391,7 @@ pub mod duration_text {
     /// The shortest exact text for `d` (`"1s"`, `"1500ms"`).
     pub fn format(d: Duration) -> String {
         let ms = d.as_millis();
-        if ms % 1000 == 0 {
+        if ms.is_multiple_of(1000) {
             format!("{}s", ms / 1000)
         } else {
             format!("{ms}ms")
@@ -409,6 +409,7 @@ pub mod duration_text {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

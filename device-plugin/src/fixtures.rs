@@ -1005,6 +1005,7 @@ pub fn remove_pci_function(root: &Path, address: &str) -> io::Result<()> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

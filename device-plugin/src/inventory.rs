@@ -430,6 +430,7 @@ fn read_gpu(root: &Path, address: &str) -> Result<Option<Gpu>, DeviceError> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -155,6 +155,7 @@ pub fn gpu_hca_pairs(inv: &Inventory) -> Vec<(&Gpu, &Hca, Distance)> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

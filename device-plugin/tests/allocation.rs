@@ -1,5 +1,7 @@
 //! Advertised devices, preferred allocations and Allocate responses over discovered fixtures.
 
+#![allow(clippy::unwrap_used)]
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::OnceLock;
 

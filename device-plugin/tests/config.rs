@@ -1,6 +1,8 @@
 //! The device plugin config file: defaults, parsing, and validation errors that name the field
 //! and the value.
 
+#![allow(clippy::unwrap_used)]
+
 use std::time::Duration;
 
 use rocefabric_device_plugin::config::{Config, ConfigError, QosGate};

@@ -1,5 +1,7 @@
 //! `rocefabric-device-plugin discover` driven as a user would: the built binary on fixture trees.
 
+#![allow(clippy::unwrap_used)]
+
 use std::process::{Command, Output};
 
 use rocefabric_device_plugin::fixtures::{self, FixtureNode};
