@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 pub mod helm;
 pub mod manifests;
+pub mod node;
 
 /// The workspace root (the directory holding `Cargo.lock`, `crds/` and `charts/`).
 pub fn workspace_root() -> PathBuf {
