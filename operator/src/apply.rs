@@ -83,6 +83,8 @@ pub enum Outcome {
     Done,
     /// Nothing needed sending (the object was already gone, the gate already removed).
     AlreadyDone,
+    /// The region annotation was written on the pod with this uid (as the server answered).
+    Annotated { uid: Option<String> },
 }
 
 /// The client and Event recorder writes go through.
@@ -188,7 +190,8 @@ impl Executor {
             } => {
                 let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
                 let body = json!({ "metadata": { "annotations": { REGION_ANNOTATION: value } } });
-                api.patch(pod, &managed_patch(), &Patch::Merge(&body))
+                let patched = api
+                    .patch(pod, &managed_patch(), &Patch::Merge(&body))
                     .await
                     .map_err(|source| ApplyError::Api {
                         op: "annotate",
@@ -196,7 +199,9 @@ impl Executor {
                         source,
                     })?;
                 tracing::info!(%namespace, %pod, region = %value, "recorded region on pod");
-                Ok(Outcome::Done)
+                Ok(Outcome::Annotated {
+                    uid: patched.metadata.uid,
+                })
             }
             Write::RemovePodGate { namespace, pod, .. } => self.remove_gate(namespace, pod).await,
             Write::ApplyRegionDirectory {

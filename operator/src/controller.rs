@@ -150,51 +150,66 @@ impl PassSummary {
 ///
 /// A pass that ran on a cache still missing a just-written region annotation would see the pod
 /// without a region and could hand it another one. The overlay puts the written value back into
-/// the pod until the cache shows it (or the pod is gone, or `ttl` passes, after which the cache
-/// is trusted again).
+/// that pod (same namespace, name and uid) until the cache shows it, and forgets it when the pod
+/// is gone or replaced by another of the same name, or after a TTL (the cache is then trusted).
 #[derive(Debug, Default)]
 pub struct AnnotationOverlay {
-    entries: HashMap<(String, String), (String, Instant)>,
+    entries: HashMap<(String, String), OverlayEntry>,
+}
+
+#[derive(Debug)]
+struct OverlayEntry {
+    value: String,
+    uid: Option<String>,
+    at: Instant,
 }
 
 impl AnnotationOverlay {
     const TTL: Duration = Duration::from_secs(120);
 
-    /// Remember that `value` was written on `namespace/pod`.
-    pub fn record(&mut self, namespace: &str, pod: &str, value: &str) {
+    /// Remember that `value` was written on `namespace/pod` whose uid is `uid`.
+    pub fn record(&mut self, namespace: &str, pod: &str, uid: Option<String>, value: &str) {
         self.entries.insert(
             (namespace.to_string(), pod.to_string()),
-            (value.to_string(), Instant::now()),
+            OverlayEntry {
+                value: value.to_string(),
+                uid,
+                at: Instant::now(),
+            },
         );
     }
 
     /// Put remembered values into `pods`; forget those the cache shows, those of pods that are
-    /// gone, and those older than the TTL.
+    /// gone (or replaced), and those older than the TTL.
     pub fn patch(&mut self, pods: &mut [Pod]) {
         let now = Instant::now();
         self.entries
-            .retain(|_, (_, at)| now.duration_since(*at) < Self::TTL);
-        let mut seen = std::collections::HashSet::new();
+            .retain(|_, e| now.duration_since(e.at) < Self::TTL);
+        if self.entries.is_empty() {
+            return;
+        }
+        let mut keep = std::collections::HashSet::new();
         for pod in pods.iter_mut() {
             let key = (
                 pod.metadata.namespace.clone().unwrap_or_default(),
                 pod.metadata.name.clone().unwrap_or_default(),
             );
-            let Some((value, _)) = self.entries.get(&key) else {
+            let Some(entry) = self.entries.get(&key) else {
                 continue;
             };
-            seen.insert(key.clone());
+            if entry.uid.is_some() && entry.uid != pod.metadata.uid {
+                continue; // another pod of the same name: ours is gone
+            }
             let annotations = pod
                 .metadata
                 .annotations
                 .get_or_insert_with(Default::default);
-            if annotations.get(REGION_ANNOTATION) == Some(value) {
-                self.entries.remove(&key);
-            } else {
-                annotations.insert(REGION_ANNOTATION.to_string(), value.clone());
+            if annotations.get(REGION_ANNOTATION) != Some(&entry.value) {
+                annotations.insert(REGION_ANNOTATION.to_string(), entry.value.clone());
+                keep.insert(key);
             }
         }
-        self.entries.retain(|key, _| seen.contains(key));
+        self.entries.retain(|key, _| keep.contains(key));
     }
 
     /// Entries still held.
@@ -278,13 +293,17 @@ pub async fn execute_all(ctx: &Context, writes: &[Write], summary: &mut PassSumm
             Ok(Outcome::Done) => {
                 summary.done += 1;
                 ctx.metrics.write(write.kind());
+            }
+            Ok(Outcome::Annotated { uid }) => {
+                summary.done += 1;
+                ctx.metrics.write(write.kind());
                 if let Write::AnnotatePodRegion {
                     namespace,
                     pod,
                     value,
                 } = write
                 {
-                    ctx.overlay.lock().await.record(namespace, pod, value);
+                    ctx.overlay.lock().await.record(namespace, pod, uid, value);
                 }
             }
             Ok(Outcome::AlreadyDone) => summary.already_done += 1,
@@ -707,6 +726,7 @@ mod tests {
         let mut p = Pod::default();
         p.metadata.namespace = Some(ns.into());
         p.metadata.name = Some(name.into());
+        p.metadata.uid = Some(format!("uid-{name}"));
         if let Some(v) = annotation {
             p.metadata.annotations = Some([(REGION_ANNOTATION.to_string(), v.to_string())].into());
         }
@@ -716,7 +736,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn overlay_fills_a_stale_cache_until_it_catches_up() {
         let mut o = AnnotationOverlay::default();
-        o.record("ns", "a", "{\"id\":1}");
+        o.record("ns", "a", Some("uid-a".into()), "{\"id\":1}");
         let mut pods = vec![pod("ns", "a", None), pod("ns", "b", None)];
         o.patch(&mut pods);
         assert_eq!(
@@ -738,10 +758,10 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn overlay_forgets_gone_pods_and_old_entries() {
         let mut o = AnnotationOverlay::default();
-        o.record("ns", "gone", "x");
+        o.record("ns", "gone", None, "x");
         o.patch(&mut []);
         assert!(o.is_empty());
-        o.record("ns", "a", "x");
+        o.record("ns", "a", None, "x");
         tokio::time::advance(AnnotationOverlay::TTL).await;
         let mut pods = vec![pod("ns", "a", None)];
         o.patch(&mut pods);
@@ -749,6 +769,16 @@ mod tests {
             pods[0].metadata.annotations.is_none(),
             "after the TTL the cache is trusted"
         );
+        assert!(o.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn overlay_does_not_leak_onto_a_recreated_pod_of_the_same_name() {
+        let mut o = AnnotationOverlay::default();
+        o.record("ns", "a", Some("uid-old".into()), "x");
+        let mut pods = vec![pod("ns", "a", None)]; // uid-a: a new pod named a
+        o.patch(&mut pods);
+        assert!(pods[0].metadata.annotations.is_none());
         assert!(o.is_empty());
     }
 

@@ -31,7 +31,15 @@ fn objects() -> Vec<serde_json::Value> {
         json!({"apiVersion": "rocefabric.io/v1alpha1", "kind": "RoceFabric",
                "metadata": {"name": "dgx", "uid": "uid-dgx", "generation": 1, "resourceVersion": "1",
                             "creationTimestamp": "2025-12-01T00:00:00Z"},
-               "spec": {"nodeSelector": {"matchLabels": {"rdma": "true"}}, "rollout": {"maxUnavailable": "100%"}}}),
+               "spec": {"nodeSelector": {"matchLabels": {"rdma": "true"}}, "rollout": {"maxUnavailable": "100%"},
+                        "sharedMemory": {"regionSize": "1Gi", "maxRegions": 8,
+                                         "podSelector": {"matchLabels": {"app": "train"}}}}}),
+        json!({"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": "w0", "namespace": "team", "uid": "uid-w0", "labels": {"app": "train"},
+                            "creationTimestamp": "2025-12-31T23:00:00Z", "resourceVersion": "1"},
+               "spec": {"containers": [{"name": "c", "image": "busybox"}],
+                        "schedulingGates": [{"name": "example.com/quota"}, {"name": "rocefabric.io/region"}]},
+               "status": {"phase": "Pending"}}),
         node("n1", true),
         node("n2", true),
         node("cp", false),
@@ -136,6 +144,10 @@ async fn follower_is_quiet_then_takes_over_configures_goes_quiet_and_releases() 
     let fabric = fake.get("rocefabrics", None, "dgx").expect("fabric");
     assert_eq!(fabric["status"]["nodes"]["selected"], 2);
     assert_eq!(fabric["status"]["trafficClass"], 106);
+    assert_eq!(
+        fabric["status"]["regions"],
+        json!({"allocated": 1, "capacity": 8})
+    );
     let apply = writes
         .iter()
         .find(|c| c.path.ends_with("/rocenodes/n1"))
