@@ -1,6 +1,7 @@
 //! Command-line surface of the node daemon. Each subcommand lives in its own module.
 
 pub mod discover;
+pub mod serve;
 
 use clap::{Parser, Subcommand};
 
@@ -17,11 +18,14 @@ pub enum Command {
     /// Print the RoCE HCAs, GPUs and their PCIe topology found in sysfs.
     Discover(discover::Args),
     // Subcommands are added by their modules: discover, serve, qos, agent.
+    /// Serve the HCAs and GPUs to the kubelet (device plugin API v1beta1).
+    Serve(serve::ServeArgs),
 }
 
 /// Run the parsed command line.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Discover(args) => discover::run(args),
+        Command::Serve(args) => serve::run(args),
     }
 }

@@ -519,6 +519,7 @@ impl Drop for KubeletEmulator {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)] // tests fail loudly on the unexpected
 mod tests {
     use super::*;
 

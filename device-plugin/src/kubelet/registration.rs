@@ -131,6 +131,7 @@ pub async fn register_with_backoff(
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)] // tests fail loudly on the unexpected
 mod tests {
     use super::*;
 

@@ -126,16 +126,18 @@ fn classify(
         };
         if created && parent == kubelet_dir && Some(name) == kubelet_name {
             out.push(DirEvent::KubeletSocketCreated);
-        } else if removed && parent == plugin_dir {
-            if let Some(name) = name.to_str().filter(|n| super::is_own_socket_name(n)) {
-                out.push(DirEvent::OwnSocketRemoved(name.to_string()));
-            }
+        } else if removed
+            && parent == plugin_dir
+            && let Some(name) = name.to_str().filter(|n| super::is_own_socket_name(n))
+        {
+            out.push(DirEvent::OwnSocketRemoved(name.to_string()));
         }
     }
     out
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)] // tests fail loudly on the unexpected
 mod tests {
     use super::*;
 

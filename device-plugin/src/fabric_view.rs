@@ -1,0 +1,145 @@
+//! What the fabric tells the device plugin about this node: the traffic class workloads should use
+//! and, when the QoS gate is on, which netdevs have their lossless RoCE QoS applied.
+//!
+//! The daemon consumes a `watch::Receiver<FabricView>`. [`static_view`] is the producer that needs
+//! no cluster (the config's traffic class, no gate); the node agent plugs in a producer that follows
+//! the node's `RoceNode` by handing its own receiver to [`crate::serve::run`].
+
+use std::collections::BTreeSet;
+
+use tokio::sync::watch;
+
+use crate::config::Config;
+use crate::model::{Health, Inventory};
+
+/// The fabric's view of this node, as far as device health and workload environment go.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FabricView {
+    /// The fabric's RoCE traffic class (ToS byte); `None` falls back to the config's.
+    pub traffic_class: Option<u8>,
+    /// `None`: no gate. `Some(netdevs)`: the netdevs whose QoS the agent reports applied; HCAs
+    /// (and GPU+HCA pairs) on any other netdev are advertised Unhealthy.
+    pub qos_ready: Option<BTreeSet<String>>,
+}
+
+impl FabricView {
+    /// The view the config alone gives: its traffic class, no gate.
+    pub fn from_config(config: &Config) -> Self {
+        Self {
+            traffic_class: config.traffic_class,
+            qos_ready: None,
+        }
+    }
+
+    /// The traffic class handed to workloads: the fabric's when it says one, else the config's.
+    pub fn effective_traffic_class(&self, config: &Config) -> Option<u8> {
+        self.traffic_class.or(config.traffic_class)
+    }
+
+    /// Whether an HCA on `netdev` passes the gate.
+    pub fn admits(&self, netdev: Option<&str>) -> bool {
+        match &self.qos_ready {
+            None => true,
+            Some(ready) => netdev.is_some_and(|n| ready.contains(n)),
+        }
+    }
+
+    /// The inventory with the gate applied: every HCA the gate does not admit is Unhealthy.
+    /// Everything else, GPUs included, is unchanged.
+    pub fn gate(&self, inventory: &Inventory) -> Inventory {
+        let mut gated = inventory.clone();
+        if self.qos_ready.is_some() {
+            for hca in &mut gated.hcas {
+                if !self.admits(hca.netdev.as_deref()) {
+                    hca.health = Health::Unhealthy;
+                }
+            }
+        }
+        gated
+    }
+}
+
+/// A view that never changes: the config's traffic class and no gate. The sender is returned so
+/// the channel stays open for as long as the caller keeps it (the daemon also copes with a closed
+/// channel by keeping the last view).
+pub fn static_view(config: &Config) -> (watch::Sender<FabricView>, watch::Receiver<FabricView>) {
+    watch::channel(FabricView::from_config(config))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // tests fail loudly on the unexpected
+mod tests {
+    use super::*;
+    use crate::model::{Hca, PortState};
+
+    fn hca(name: &str, netdev: Option<&str>) -> Hca {
+        Hca {
+            name: name.into(),
+            pci_address: format!("0000:{name}"),
+            vendor: 0x15b3,
+            device_id: 0x1021,
+            port: 1,
+            netdev: netdev.map(Into::into),
+            numa_node: Some(0),
+            state: PortState::Active,
+            uverbs: Some("uverbs0".into()),
+            roce_v2_gid_index: Some(3),
+            health: Health::Healthy,
+            pci_path: String::new(),
+        }
+    }
+
+    #[test]
+    fn no_gate_admits_everything() {
+        let view = FabricView::default();
+        assert!(view.admits(Some("eth0")));
+        assert!(view.admits(None));
+        let inv = Inventory {
+            hcas: vec![hca("a", None)],
+            gpus: vec![],
+        };
+        assert_eq!(view.gate(&inv), inv);
+    }
+
+    #[test]
+    fn gate_marks_hcas_without_applied_qos_unhealthy() {
+        let view = FabricView {
+            traffic_class: None,
+            qos_ready: Some(["enp24s0np0".to_string()].into_iter().collect()),
+        };
+        let inv = Inventory {
+            hcas: vec![
+                hca("a", Some("enp24s0np0")),
+                hca("b", Some("enp64s0np0")),
+                hca("c", None),
+            ],
+            gpus: vec![],
+        };
+        let health: Vec<_> = view.gate(&inv).hcas.iter().map(|h| h.health).collect();
+        assert_eq!(
+            health,
+            [Health::Healthy, Health::Unhealthy, Health::Unhealthy]
+        );
+    }
+
+    #[test]
+    fn fabric_traffic_class_wins_over_config() {
+        let config = Config {
+            traffic_class: Some(106),
+            ..Config::default()
+        };
+        assert_eq!(
+            FabricView::from_config(&config).effective_traffic_class(&config),
+            Some(106)
+        );
+        let view = FabricView {
+            traffic_class: Some(98),
+            qos_ready: None,
+        };
+        assert_eq!(view.effective_traffic_class(&config), Some(98));
+        assert_eq!(
+            FabricView::default().effective_traffic_class(&Config::default()),
+            None
+        );
+    }
+}

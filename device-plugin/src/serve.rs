@@ -1,0 +1,665 @@
+//! The `serve` daemon: keeps the node's inventory fresh, feeds one device list per resource, runs
+//! one kubelet `DevicePlugin` server per resource and keeps each registered with the kubelet.
+//!
+//! - A poll task re-runs discovery every `pollInterval` and whenever the [`FabricView`] changes,
+//!   applies the QoS gate, and publishes a [`NodeState`] plus a device list per resource on
+//!   `tokio::sync::watch` channels; a channel only changes when its content does, so
+//!   `ListAndWatch` sends a list exactly when something changed. A device once advertised and then
+//!   gone from sysfs stays listed as Unhealthy for the life of the process.
+//! - A supervisor owns the servers: at start it removes its stale sockets, serves every enabled
+//!   resource (also one with no devices on this node: capacity 0, and devices that appear later,
+//!   such as RDMA devices after a late driver load, are listed without a restart), and registers
+//!   each only once its server answers. An inotify watch on the plugin directory makes it
+//!   re-register everything when `kubelet.sock` is recreated and bring back a server whose socket
+//!   was deleted; a slow liveness check covers lost inotify events. Failures are logged and
+//!   retried with backoff, never fatal once running.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::allocation::{self, AdvertisedDevice, ContainerAllocation, ResourceKind};
+use crate::config::Config;
+use crate::fabric_view::FabricView;
+use crate::inventory;
+use crate::kubelet::registration::{self, Backoff};
+use crate::kubelet::server::{BackendError, DeviceBackend, PluginServer};
+use crate::kubelet::watcher::{DirEvent, DirWatcher, WatchError};
+use crate::kubelet::{self, pb};
+use crate::model::{Health, Inventory};
+
+/// Everything `serve` needs; every host path is explicit.
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    pub config: Config,
+    pub sysfs_root: PathBuf,
+    /// Where the host's `/dev` is visible to this process; device specs handed to the kubelet
+    /// always carry the host's real `/dev/...` paths, this is only used to check they exist.
+    pub dev_root: PathBuf,
+    pub plugin_dir: PathBuf,
+    pub kubelet_socket: PathBuf,
+    pub node_name: Option<String>,
+    pub registration_backoff: Backoff,
+    /// Interval of the fallback check of our sockets and `kubelet.sock` (inotify is the primary
+    /// signal; this only catches lost events).
+    pub liveness_interval: Duration,
+}
+
+impl ServeOptions {
+    /// Options with the default plugin directory layout under `plugin_dir`.
+    pub fn new(
+        config: Config,
+        sysfs_root: PathBuf,
+        dev_root: PathBuf,
+        plugin_dir: PathBuf,
+    ) -> Self {
+        let kubelet_socket = plugin_dir.join(kubelet::KUBELET_SOCKET_NAME);
+        Self {
+            config,
+            sysfs_root,
+            dev_root,
+            plugin_dir,
+            kubelet_socket,
+            node_name: None,
+            registration_backoff: Backoff::default(),
+            liveness_interval: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Why `serve` could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("sysfs root {path} is not a directory")]
+    SysfsRoot { path: PathBuf },
+    #[error("failed to prepare plugin directory {path}: {source}")]
+    PluginDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Watch(#[from] WatchError),
+}
+
+/// What every resource's backend reads: the latest inventory with the gate applied and the
+/// traffic class to hand to workloads.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeState {
+    pub inventory: Inventory,
+    pub traffic_class: Option<u8>,
+}
+
+/// The device list of one resource as the kubelet sees it, remembering departed devices.
+struct DeviceList {
+    kind: ResourceKind,
+    /// Every ID advertised so far with its last NUMA node.
+    known: BTreeMap<String, Option<u32>>,
+    tx: watch::Sender<Vec<pb::Device>>,
+}
+
+/// The current devices followed by every device advertised before and gone now, as Unhealthy.
+pub fn with_departed(
+    current: Vec<AdvertisedDevice>,
+    known: &mut BTreeMap<String, Option<u32>>,
+) -> Vec<pb::Device> {
+    let present: std::collections::BTreeSet<&str> = current.iter().map(|d| d.id.as_str()).collect();
+    let departed: Vec<pb::Device> = known
+        .iter()
+        .filter(|(id, _)| !present.contains(id.as_str()))
+        .map(|(id, numa)| kubelet::device(id.clone(), Health::Unhealthy, *numa))
+        .collect();
+    let mut list: Vec<pb::Device> = current
+        .iter()
+        .map(|d| kubelet::device(d.id.clone(), d.health, d.numa_node))
+        .collect();
+    for d in current {
+        known.insert(d.id, d.numa_node);
+    }
+    list.extend(departed);
+    list
+}
+
+/// The publishing side: node state and per-resource lists, updated from inventory and view.
+struct Publisher {
+    config: Arc<Config>,
+    state: watch::Sender<Arc<NodeState>>,
+    lists: Vec<DeviceList>,
+}
+
+impl Publisher {
+    fn new(config: Arc<Config>) -> Self {
+        let lists = ResourceKind::enabled_kinds(&config)
+            .into_iter()
+            .map(|kind| DeviceList {
+                kind,
+                known: BTreeMap::new(),
+                tx: watch::Sender::new(Vec::new()),
+            })
+            .collect();
+        Self {
+            config,
+            state: watch::Sender::new(Arc::new(NodeState::default())),
+            lists,
+        }
+    }
+
+    /// Recompute everything; each channel is notified only when its content changed.
+    fn publish(&mut self, inventory: &Inventory, view: &FabricView) {
+        let gated = view.gate(inventory);
+        for list in &mut self.lists {
+            let devices = with_departed(
+                allocation::advertised(list.kind, &gated, &self.config),
+                &mut list.known,
+            );
+            let resource = list.kind.resource_name(&self.config).to_string();
+            list.tx.send_if_modified(|current| {
+                if *current == devices {
+                    return false;
+                }
+                let unhealthy = devices.iter().filter(|d| d.health != Health::Healthy.as_str()).count();
+                tracing::info!(%resource, devices = devices.len(), unhealthy, "device list changed");
+                *current = devices;
+                true
+            });
+        }
+        let state = NodeState {
+            inventory: gated,
+            traffic_class: view.effective_traffic_class(&self.config),
+        };
+        self.state.send_if_modified(|current| {
+            if **current == state {
+                return false;
+            }
+            *current = Arc::new(state);
+            true
+        });
+    }
+
+    fn backend(&self, list: &DeviceList, dev_root: &Path) -> Arc<ResourceBackend> {
+        Arc::new(ResourceBackend {
+            kind: list.kind,
+            name: list.kind.resource_name(&self.config).to_string(),
+            config: Arc::clone(&self.config),
+            dev_root: dev_root.to_path_buf(),
+            state: self.state.subscribe(),
+            devices: list.tx.subscribe(),
+        })
+    }
+}
+
+/// One resource's [`DeviceBackend`] over the published state and the pure allocation module.
+pub struct ResourceBackend {
+    kind: ResourceKind,
+    name: String,
+    config: Arc<Config>,
+    dev_root: PathBuf,
+    state: watch::Receiver<Arc<NodeState>>,
+    devices: watch::Receiver<Vec<pb::Device>>,
+}
+
+impl ResourceBackend {
+    fn node_state(&self) -> Arc<NodeState> {
+        Arc::clone(&self.state.borrow())
+    }
+
+    /// Device nodes of `alloc` that do not exist under the dev root (`/dev/x` -> `<dev root>/x`).
+    fn missing_device_nodes(&self, alloc: &ContainerAllocation) -> Vec<String> {
+        alloc
+            .devices
+            .iter()
+            .filter(|d| {
+                let relative = d.host_path.strip_prefix("/dev/").unwrap_or(&d.host_path);
+                !self.dev_root.join(relative).exists()
+            })
+            .map(|d| d.host_path.clone())
+            .collect()
+    }
+}
+
+impl DeviceBackend for ResourceBackend {
+    fn resource_name(&self) -> &str {
+        &self.name
+    }
+
+    fn devices(&self) -> watch::Receiver<Vec<pb::Device>> {
+        self.devices.clone()
+    }
+
+    fn preferred_allocation(
+        &self,
+        available: &[String],
+        must_include: &[String],
+        size: usize,
+    ) -> Result<Vec<String>, BackendError> {
+        let state = self.node_state();
+        Ok(allocation::preferred(
+            self.kind,
+            &state.inventory,
+            &self.config,
+            available,
+            must_include,
+            size,
+        ))
+    }
+
+    fn allocate(
+        &self,
+        device_ids: &[String],
+    ) -> Result<pb::ContainerAllocateResponse, BackendError> {
+        let state = self.node_state();
+        let alloc = allocation::allocate(
+            self.kind,
+            &state.inventory,
+            &self.config,
+            state.traffic_class,
+            device_ids,
+        )
+        .map_err(|e| match e {
+            allocation::AllocateError::UnknownDevice { resource, id } => {
+                BackendError::UnknownDevice { resource, id }
+            }
+            other => BackendError::Failed(other.to_string()),
+        })?;
+        let missing = self.missing_device_nodes(&alloc);
+        if !missing.is_empty() {
+            tracing::warn!(resource = %self.name, ?missing, dev_root = %self.dev_root.display(),
+                "granted device nodes are missing on this host; the container may fail to start");
+        }
+        Ok(to_proto(alloc))
+    }
+}
+
+/// The kubelet form of a container's allocation.
+pub fn to_proto(alloc: ContainerAllocation) -> pb::ContainerAllocateResponse {
+    pb::ContainerAllocateResponse {
+        envs: alloc.envs,
+        mounts: alloc
+            .mounts
+            .into_iter()
+            .map(|m| pb::Mount {
+                container_path: m.container_path,
+                host_path: m.host_path,
+                read_only: m.read_only,
+            })
+            .collect(),
+        devices: alloc
+            .devices
+            .into_iter()
+            .map(|d| pb::DeviceSpec {
+                container_path: d.container_path,
+                host_path: d.host_path,
+                permissions: d.permissions,
+            })
+            .collect(),
+        annotations: alloc.annotations,
+        cdi_devices: Vec::new(),
+    }
+}
+
+/// Discovery on the blocking pool.
+async fn discover(sysfs_root: &Path, config: &Config) -> Result<Inventory, String> {
+    let root = sysfs_root.to_path_buf();
+    let selector = config.hca.selector.clone();
+    match tokio::task::spawn_blocking(move || inventory::discover(&root, &selector)).await {
+        Ok(result) => result.map_err(|e| e.to_string()),
+        Err(join) => Err(format!("discovery task failed: {join}")),
+    }
+}
+
+/// Completes once `stopping` is `true` (or its sender is gone).
+async fn stopped(stopping: &mut watch::Receiver<bool>) {
+    let _ = stopping.wait_for(|s| *s).await;
+}
+
+/// The poll task: rediscover every interval and on every view change, then publish.
+async fn poll_loop(
+    mut publisher: Publisher,
+    sysfs_root: PathBuf,
+    mut inventory: Inventory,
+    mut view_rx: watch::Receiver<FabricView>,
+    mut stopping: watch::Receiver<bool>,
+) {
+    let config = Arc::clone(&publisher.config);
+    let mut ticks = tokio::time::interval(config.poll_interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticks.reset(); // the first discovery already ran
+    let mut view = view_rx.borrow_and_update().clone();
+    let mut view_open = true;
+    loop {
+        tokio::select! {
+            _ = ticks.tick() => match discover(&sysfs_root, &config).await {
+                Ok(found) => inventory = found,
+                Err(error) => tracing::warn!(%error, "discovery failed; keeping the last inventory"),
+            },
+            changed = view_rx.changed(), if view_open => match changed {
+                Ok(()) => {
+                    view = view_rx.borrow_and_update().clone();
+                    tracing::info!(?view, "fabric view changed");
+                }
+                Err(_) => {
+                    tracing::debug!("fabric view producer ended; keeping the last view");
+                    view_open = false;
+                }
+            },
+            () = stopped(&mut stopping) => break,
+        }
+        publisher.publish(&inventory, &view);
+    }
+}
+
+/// One resource under supervision.
+struct Managed {
+    backend: Arc<ResourceBackend>,
+    socket_name: String,
+    socket_path: PathBuf,
+    server: Option<PluginServer>,
+    /// Inode of the socket our server bound, to tell our socket from a replacement.
+    socket_ino: Option<u64>,
+    registration: Option<JoinHandle<u32>>,
+    failures: u32,
+    retry_at: Option<Instant>,
+}
+
+impl Managed {
+    fn name(&self) -> &str {
+        self.backend.resource_name()
+    }
+
+    /// Whether our server runs and its socket is still the one it bound.
+    fn intact(&self) -> bool {
+        let on_disk = std::fs::metadata(&self.socket_path).ok().map(|m| m.ino());
+        self.server.as_ref().is_some_and(PluginServer::is_running)
+            && on_disk.is_some()
+            && on_disk == self.socket_ino
+    }
+}
+
+struct Supervisor {
+    kubelet_socket: PathBuf,
+    backoff: Backoff,
+    resources: Vec<Managed>,
+}
+
+impl Supervisor {
+    /// (Re)start a resource's server and, once it serves, register it.
+    async fn start(&mut self, i: usize) {
+        let m = &mut self.resources[i];
+        if let Some(task) = m.registration.take() {
+            task.abort();
+        }
+        if let Some(server) = m.server.take() {
+            server.stop().await;
+        }
+        m.socket_ino = None;
+        match PluginServer::start(&m.socket_path, Arc::clone(&m.backend)).await {
+            Ok(server) => {
+                m.socket_ino = std::fs::metadata(&m.socket_path).ok().map(|md| md.ino());
+                m.server = Some(server);
+                m.failures = 0;
+                m.retry_at = None;
+                self.register(i);
+            }
+            Err(error) => {
+                m.failures = m.failures.saturating_add(1);
+                let delay = self.backoff.delay(m.failures);
+                tracing::error!(resource = %m.name(), %error, retry_in = ?delay,
+                    "failed to start device plugin server");
+                m.retry_at = Some(Instant::now() + delay);
+            }
+        }
+    }
+
+    /// (Re)register a serving resource in the background, retrying with backoff.
+    fn register(&mut self, i: usize) {
+        let m = &mut self.resources[i];
+        if m.server.is_none() {
+            return;
+        }
+        if let Some(task) = m.registration.take() {
+            task.abort();
+        }
+        let request = registration::register_request(m.name(), &m.socket_name);
+        let kubelet_socket = self.kubelet_socket.clone();
+        let backoff = self.backoff;
+        m.registration = Some(tokio::spawn(async move {
+            registration::register_with_backoff(&kubelet_socket, request, backoff).await
+        }));
+    }
+
+    /// React to directory events (already merged).
+    async fn handle(&mut self, kubelet_restarted: bool, removed: &[String]) {
+        for i in 0..self.resources.len() {
+            let m = &self.resources[i];
+            let hit = removed.contains(&m.socket_name);
+            if (kubelet_restarted || hit) && !m.intact() {
+                tracing::info!(resource = %m.name(), kubelet_restarted, "socket gone; restarting server");
+                self.start(i).await;
+            } else if kubelet_restarted {
+                tracing::info!(resource = %m.name(), "kubelet restarted; registering again");
+                self.register(i);
+            }
+        }
+    }
+
+    fn next_retry(&self) -> Option<Instant> {
+        self.resources.iter().filter_map(|m| m.retry_at).min()
+    }
+
+    async fn retry_due(&mut self) {
+        let now = Instant::now();
+        for i in 0..self.resources.len() {
+            if self.resources[i].retry_at.is_some_and(|t| t <= now) {
+                self.start(i).await;
+            }
+        }
+    }
+
+    async fn shutdown(&mut self) {
+        for m in &mut self.resources {
+            if let Some(task) = m.registration.take() {
+                task.abort();
+            }
+            if let Some(server) = m.server.take() {
+                server.stop().await;
+            }
+        }
+    }
+}
+
+fn inode(path: &Path) -> Option<u64> {
+    std::fs::metadata(path).ok().map(|m| m.ino())
+}
+
+/// Run the daemon until `shutdown` completes. `fabric_view` drives the QoS gate and the traffic
+/// class (see [`crate::fabric_view`]); pass [`crate::fabric_view::static_view`]'s receiver when no
+/// agent is plugged in. Returns an error only for problems found before serving starts.
+pub async fn run(
+    options: ServeOptions,
+    fabric_view: watch::Receiver<FabricView>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServeError> {
+    let ServeOptions {
+        config,
+        sysfs_root,
+        dev_root,
+        plugin_dir,
+        kubelet_socket,
+        node_name,
+        ..
+    } = options.clone();
+    if !sysfs_root.is_dir() {
+        return Err(ServeError::SysfsRoot { path: sysfs_root });
+    }
+    std::fs::create_dir_all(&plugin_dir).map_err(|source| ServeError::PluginDir {
+        path: plugin_dir.clone(),
+        source,
+    })?;
+    let stale =
+        kubelet::remove_stale_sockets(&plugin_dir).map_err(|source| ServeError::PluginDir {
+            path: plugin_dir.clone(),
+            source,
+        })?;
+    for path in &stale {
+        tracing::info!(socket = %path.display(), "removed stale socket of an earlier run");
+    }
+    // Watch before serving, so a kubelet restart during start-up is not missed.
+    let mut watcher = DirWatcher::start(&plugin_dir, &kubelet_socket)?;
+
+    let config = Arc::new(config);
+    let inventory = match discover(&sysfs_root, &config).await {
+        Ok(inventory) => inventory,
+        Err(error) => {
+            tracing::warn!(%error, "initial discovery failed; starting with no devices");
+            Inventory::default()
+        }
+    };
+    tracing::info!(node = node_name.as_deref().unwrap_or(""), hcas = inventory.hcas.len(),
+        gpus = inventory.gpus.len(), plugin_dir = %plugin_dir.display(), "starting device plugin");
+    let mut publisher = Publisher::new(Arc::clone(&config));
+    let mut view_rx = fabric_view;
+    let view = view_rx.borrow_and_update().clone();
+    publisher.publish(&inventory, &view);
+
+    let mut supervisor = Supervisor {
+        kubelet_socket: kubelet_socket.clone(),
+        backoff: options.registration_backoff,
+        resources: publisher
+            .lists
+            .iter()
+            .map(|list| {
+                let backend = publisher.backend(list, &dev_root);
+                let socket_name = kubelet::socket_file_name(backend.resource_name());
+                Managed {
+                    backend,
+                    socket_path: plugin_dir.join(&socket_name),
+                    socket_name,
+                    server: None,
+                    socket_ino: None,
+                    registration: None,
+                    failures: 0,
+                    retry_at: None,
+                }
+            })
+            .collect(),
+    };
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let poller = tokio::spawn(poll_loop(
+        publisher, sysfs_root, inventory, view_rx, stop_rx,
+    ));
+
+    for i in 0..supervisor.resources.len() {
+        supervisor.start(i).await;
+    }
+
+    let mut kubelet_ino = inode(&kubelet_socket);
+    let mut liveness = tokio::time::interval(options.liveness_interval);
+    liveness.reset();
+    tokio::pin!(shutdown);
+    loop {
+        let retry_at = supervisor.next_retry();
+        tokio::select! {
+            event = watcher.next() => {
+                let Some(event) = event else {
+                    tracing::error!("plugin directory watch ended; relying on the liveness check");
+                    // Keep running: the liveness check below still catches restarts.
+                    watcher = match DirWatcher::start(&plugin_dir, &kubelet_socket) {
+                        Ok(w) => w,
+                        Err(error) => { tracing::error!(%error, "cannot watch again"); continue }
+                    };
+                    continue;
+                };
+                // Merge everything already queued: a kubelet restart deletes our sockets and
+                // then creates kubelet.sock, and one pass should handle it all.
+                let mut kubelet_restarted = false;
+                let mut removed = Vec::new();
+                for e in std::iter::once(event).chain(std::iter::from_fn(|| watcher.try_next())) {
+                    match e {
+                        DirEvent::KubeletSocketCreated => kubelet_restarted = true,
+                        DirEvent::OwnSocketRemoved(name) => removed.push(name),
+                    }
+                }
+                if kubelet_restarted {
+                    kubelet_ino = inode(&kubelet_socket);
+                    tracing::info!(socket = %kubelet_socket.display(), "kubelet socket created");
+                }
+                supervisor.handle(kubelet_restarted, &removed).await;
+            }
+            () = async { if let Some(t) = retry_at { tokio::time::sleep_until(t).await } else { std::future::pending().await } } => {
+                supervisor.retry_due().await;
+            }
+            _ = liveness.tick() => {
+                let now_ino = inode(&kubelet_socket);
+                let kubelet_restarted = now_ino.is_some() && now_ino != kubelet_ino;
+                kubelet_ino = now_ino;
+                let broken: Vec<String> = supervisor
+                    .resources
+                    .iter()
+                    .filter(|m| m.retry_at.is_none() && !m.intact())
+                    .map(|m| m.socket_name.clone())
+                    .collect();
+                if kubelet_restarted || !broken.is_empty() {
+                    tracing::warn!(kubelet_restarted, ?broken, "liveness check found a change inotify did not report");
+                    supervisor.handle(kubelet_restarted, &broken).await;
+                }
+            }
+            () = &mut shutdown => break,
+        }
+    }
+    tracing::info!("shutting down");
+    let _ = stop_tx.send(true);
+    supervisor.shutdown().await;
+    if let Err(error) = poller.await {
+        tracing::warn!(%error, "poll task failed");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // tests fail loudly on the unexpected
+mod tests {
+    use super::*;
+
+    fn adv(id: &str, health: Health, numa: Option<u32>) -> AdvertisedDevice {
+        AdvertisedDevice {
+            id: id.into(),
+            health,
+            numa_node: numa,
+        }
+    }
+
+    #[test]
+    fn departed_devices_stay_listed_unhealthy_until_they_return() {
+        let mut known = BTreeMap::new();
+        let first = with_departed(
+            vec![
+                adv("a", Health::Healthy, Some(0)),
+                adv("b", Health::Healthy, Some(1)),
+            ],
+            &mut known,
+        );
+        assert_eq!(first.len(), 2);
+        let second = with_departed(vec![adv("a", Health::Healthy, Some(0))], &mut known);
+        assert_eq!(
+            second,
+            vec![
+                kubelet::device("a", Health::Healthy, Some(0)),
+                kubelet::device("b", Health::Unhealthy, Some(1)),
+            ]
+        );
+        let third = with_departed(
+            vec![
+                adv("a", Health::Healthy, Some(0)),
+                adv("b", Health::Healthy, Some(1)),
+            ],
+            &mut known,
+        );
+        assert_eq!(third, first);
+    }
+}

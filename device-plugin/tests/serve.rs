@@ -1,0 +1,593 @@
+//! The `serve` daemon against the kubelet emulator over real unix sockets, on the DGX H100 fixture.
+
+mod serve_common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use rocefabric_device_plugin::config::Config;
+use rocefabric_device_plugin::fabric_view::FabricView;
+use rocefabric_device_plugin::fixtures::{self, FixtureNode};
+use rocefabric_device_plugin::kubelet::emulator::{EmulatorError, KubeletEmulator};
+use rocefabric_device_plugin::kubelet::pb;
+use serve_common::*;
+
+const ALL: [&str; 3] = [HCA, GPU, GPU_HCA];
+
+/// Compute HCAs of the fixture: (PCI address, RDMA device, netdev, NUMA node).
+const COMPUTE_HCAS: [(&str, &str, &str, i64); 8] = [
+    ("0000:18:00.0", "mlx5_0", "enp24s0np0", 0),
+    ("0000:40:00.0", "mlx5_3", "enp64s0np0", 0),
+    ("0000:4f:00.0", "mlx5_4", "enp79s0np0", 0),
+    ("0000:5e:00.0", "mlx5_5", "enp94s0np0", 0),
+    ("0000:9a:00.0", "mlx5_6", "enp154s0np0", 1),
+    ("0000:c0:00.0", "mlx5_9", "enp192s0np0", 1),
+    ("0000:ce:00.0", "mlx5_10", "enp206s0np0", 1),
+    ("0000:dc:00.0", "mlx5_11", "enp220s0np0", 1),
+];
+
+fn numa_of(device: &pb::Device) -> Vec<i64> {
+    device
+        .topology
+        .as_ref()
+        .map(|t| t.nodes.iter().map(|n| n.id).collect())
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registers_each_resource_only_after_it_serves() {
+    let node = Node::dgx();
+    let (kubelet, daemon) = start(&node, fast_config(), &ALL).await;
+    let snapshot = kubelet.snapshot();
+
+    // The emulator, like the kubelet, dials <dir>/<endpoint> while handling Register and refuses
+    // the registration when nothing answers: every registration was accepted.
+    assert_eq!(
+        snapshot.registrations.len(),
+        3,
+        "{:?}",
+        snapshot.registrations
+    );
+    for r in &snapshot.registrations {
+        assert!(r.accepted(), "registration refused: {:?}", r.rejected);
+    }
+    let registered = snapshot.registered();
+    for (resource, endpoint) in [
+        (HCA, "rocefabric-rdma_hca.sock"),
+        (GPU, "rocefabric-nvidia.com_gpu.sock"),
+        (GPU_HCA, "rocefabric-rdma_gpu-hca.sock"),
+    ] {
+        let request = &registered[resource].request;
+        assert_eq!(request.version, "v1beta1");
+        assert_eq!(
+            request.endpoint, endpoint,
+            "endpoint is relative to the plugin directory"
+        );
+        assert_eq!(request.resource_name, resource);
+        let options = request.options.expect("options sent");
+        assert!(options.get_preferred_allocation_available);
+        assert!(!options.pre_start_required);
+        assert!(node.plugin_dir.join(endpoint).exists());
+        // What the kubelet got from GetDevicePluginOptions matches the registration.
+        assert_eq!(snapshot.options[resource], options);
+    }
+    daemon.stop().await.expect("clean stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lists_every_device_with_its_numa_node() {
+    let node = Node::dgx();
+    let (kubelet, daemon) = start(&node, fast_config(), &ALL).await;
+    let snapshot = kubelet.snapshot();
+
+    let hcas = snapshot.devices_of(HCA).expect("hca list");
+    for (pci, _, _, numa) in COMPUTE_HCAS {
+        let d = hcas
+            .iter()
+            .find(|d| d.id == pci)
+            .unwrap_or_else(|| panic!("{pci} listed"));
+        assert_eq!(d.health, "Healthy");
+        assert_eq!(numa_of(d), vec![numa], "{pci}");
+    }
+    // 8 compute + 4 storage ConnectX-7 ports + 2 irdma ports, every one with a NUMA node.
+    assert_eq!(hcas.len(), 14, "{:?}", ids(hcas));
+    assert!(hcas.iter().all(|d| d.topology.is_some()));
+
+    let gpus = snapshot.devices_of(GPU).expect("gpu list");
+    assert_eq!(gpus.len(), 8);
+    assert_eq!(
+        numa_of(gpus.iter().find(|d| d.id == "0000:1b:00.0").expect("gpu 0")),
+        vec![0]
+    );
+    assert_eq!(
+        numa_of(gpus.iter().find(|d| d.id == "0000:df:00.0").expect("gpu 7")),
+        vec![1]
+    );
+
+    let pairs = snapshot.devices_of(GPU_HCA).expect("pair list");
+    assert_eq!(pairs.len(), 8);
+    assert!(
+        pairs
+            .iter()
+            .any(|d| d.id == "0000:1b:00.0_0000:18:00.0" && numa_of(d) == [0])
+    );
+    daemon.stop().await.expect("clean stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn omits_topology_when_numa_is_unknown() {
+    let node = Node::new(&FixtureNode::dgx_h100().with_gpu_numa("0000:61:00.0", None));
+    let (kubelet, daemon) = start(&node, fast_config(), &[GPU]).await;
+    let gpus = kubelet
+        .snapshot()
+        .devices_of(GPU)
+        .expect("gpu list")
+        .to_vec();
+    let gpu3 = gpus
+        .iter()
+        .find(|d| d.id == "0000:61:00.0")
+        .expect("gpu 3 listed");
+    assert!(
+        gpu3.topology.is_none(),
+        "no NUMA node: no TopologyInfo, got {:?}",
+        gpu3.topology
+    );
+    daemon.stop().await.expect("clean stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allocate_two_hcas_returns_their_devices_and_exact_env() {
+    let node = Node::dgx();
+    let config = Config {
+        traffic_class: Some(106),
+        ..fast_config()
+    };
+    let (kubelet, daemon) = start(&node, config, &[HCA]).await;
+
+    let response = kubelet
+        .allocate(HCA, &["0000:40:00.0", "0000:18:00.0"])
+        .await
+        .expect("allocate");
+    let spec = |path: &str| pb::DeviceSpec {
+        container_path: path.into(),
+        host_path: path.into(),
+        permissions: "rw".into(),
+    };
+    // mlx5_k has uverbs(k+2) on this node (irdma registered first).
+    assert_eq!(
+        response.devices,
+        vec![
+            spec("/dev/infiniband/uverbs2"),
+            spec("/dev/infiniband/uverbs5"),
+            spec("/dev/infiniband/rdma_cm")
+        ]
+    );
+    let expected_env: BTreeMap<String, String> = [
+        ("NCCL_IB_HCA", "=mlx5_0:1,mlx5_3:1"),
+        ("UCX_NET_DEVICES", "mlx5_0:1,mlx5_3:1"),
+        ("NCCL_IB_GID_INDEX", "3"),
+        ("NCCL_IB_TC", "106"),
+        ("UCX_IB_TRAFFIC_CLASS", "106"),
+        ("PCIDEVICE_RDMA_HCA", "0000:18:00.0,0000:40:00.0"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    assert_eq!(response.envs, expected_env);
+    assert!(response.mounts.is_empty());
+    assert!(response.annotations.is_empty());
+    assert!(response.cdi_devices.is_empty());
+    daemon.stop().await.expect("clean stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allocate_gpu_hca_pair_gets_both_halves() {
+    let node = Node::dgx();
+    let (kubelet, daemon) = start(&node, fast_config(), &[GPU_HCA]).await;
+    let response = kubelet
+        .allocate(GPU_HCA, &["0000:1b:00.0_0000:18:00.0"])
+        .await
+        .expect("allocate");
+    let paths: Vec<&str> = response
+        .devices
+        .iter()
+        .map(|d| d.host_path.as_str())
+        .collect();
+    assert_eq!(
+        paths,
+        [
+            "/dev/nvidia0",
+            "/dev/nvidiactl",
+            "/dev/nvidia-uvm",
+            "/dev/nvidia-uvm-tools",
+            "/dev/infiniband/uverbs2",
+            "/dev/infiniband/rdma_cm"
+        ]
+    );
+    assert_eq!(response.envs["NCCL_IB_HCA"], "=mlx5_0:1");
+    assert_eq!(response.envs["NVIDIA_VISIBLE_DEVICES"], "0");
+    assert!(
+        !response.envs.contains_key("NCCL_IB_TC"),
+        "no traffic class configured"
+    );
+    daemon.stop().await.expect("clean stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allocate_rejects_an_unknown_id_naming_it() {
+    let node = Node::dgx();
+    let (kubelet, daemon) = start(&node, fast_config(), &[HCA]).await;
+    let err = kubelet
+        .allocate(HCA, &["0000:18:00.0", "0000:99:00.0"])
+        .await
+        .expect_err("refused");
+    let EmulatorError::Rpc(status) = err else {
+        panic!("expected a gRPC error, got {err}")
+    };
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(
+        status.message().contains("0000:99:00.0"),
+        "{}",
+        status.message()
+    );
+    daemon.stop().await.expect("clean stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preferred_allocation_stays_on_one_numa_node_and_skips_unhealthy() {
+    let node = Node::new(&FixtureNode::dgx_h100().with_port_down("mlx5_3"));
+    let (kubelet, daemon) = start(&node, fast_config(), &[HCA]).await;
+    let compute: Vec<&str> = COMPUTE_HCAS.iter().map(|h| h.0).collect();
+
+    // Must include a NUMA 1 HCA: the other three come from NUMA 1 too.
+    let chosen = kubelet
+        .preferred_allocation(HCA, &compute, &["0000:c0:00.0"], 4)
+        .await
+        .expect("preferred");
+    assert_eq!(chosen.len(), 4);
+    assert_eq!(chosen[0], "0000:c0:00.0", "must_include comes first");
+    let numa1: Vec<&str> = COMPUTE_HCAS
+        .iter()
+        .filter(|h| h.3 == 1)
+        .map(|h| h.0)
+        .collect();
+    assert!(
+        chosen.iter().all(|id| numa1.contains(&id.as_str())),
+        "{chosen:?}"
+    );
+
+    // The link-down mlx5_3 (0000:40:00.0) is never proposed, though on NUMA 0 with the rest.
+    let numa0: Vec<&str> = COMPUTE_HCAS
+        .iter()
+        .filter(|h| h.3 == 0)
+        .map(|h| h.0)
+        .collect();
+    let chosen = kubelet
+        .preferred_allocation(HCA, &numa0, &[], 3)
+        .await
+        .expect("preferred");
+    assert_eq!(chosen, ["0000:18:00.0", "0000:4f:00.0", "0000:5e:00.0"]);
+    daemon.stop().await.expect("clean stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn port_down_and_back_reaches_list_and_watch() {
+    let node = Node::dgx();
+    let (kubelet, daemon) = start(&node, fast_config(), &[HCA, GPU_HCA]).await;
+    let pci = "0000:40:00.0"; // mlx5_3
+    let pair = "0000:43:00.0_0000:40:00.0";
+    assert_eq!(
+        health_of(kubelet.snapshot().devices_of(HCA).unwrap_or_default(), pci),
+        Some("Healthy")
+    );
+
+    fixtures::set_port_state(&node.sysfs, "mlx5_3", 1, false).expect("link down");
+    kubelet
+        .wait_for_devices(HCA, WAIT, |d| health_of(d, pci) == Some("Unhealthy"))
+        .await
+        .expect("HCA reported Unhealthy");
+    kubelet
+        .wait_for_devices(GPU_HCA, WAIT, |d| health_of(d, pair) == Some("Unhealthy"))
+        .await
+        .expect("pair reported Unhealthy");
+    let others = kubelet.snapshot();
+    let hcas = others.devices_of(HCA).unwrap_or_default();
+    assert_eq!(
+        hcas.iter().filter(|d| d.health == "Unhealthy").count(),
+        1,
+        "only mlx5_3 is down"
+    );
+
+    fixtures::set_port_state(&node.sysfs, "mlx5_3", 1, true).expect("link up");
+    kubelet
+        .wait_for_devices(HCA, WAIT, |d| health_of(d, pci) == Some("Healthy"))
+        .await
+        .expect("HCA Healthy again");
+    kubelet
+        .wait_for_devices(GPU_HCA, WAIT, |d| health_of(d, pair) == Some("Healthy"))
+        .await
+        .expect("pair Healthy again");
+    daemon.stop().await.expect("clean stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sends_a_list_only_when_something_changed() {
+    let node = Node::dgx();
+    let (kubelet, daemon) = start(&node, fast_config(), &[HCA]).await;
+    // Ten poll intervals without a change: still the one initial list.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(kubelet.snapshot().list_updates[HCA], 1);
+    fixtures::set_port_state(&node.sysfs, "mlx5_0", 1, false).expect("link down");
+    kubelet
+        .wait_for_devices(HCA, WAIT, |d| {
+            health_of(d, "0000:18:00.0") == Some("Unhealthy")
+        })
+        .await
+        .expect("update");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(kubelet.snapshot().list_updates[HCA], 2);
+    daemon.stop().await.expect("clean stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_gone_from_sysfs_stays_listed_unhealthy() {
+    let node = Node::dgx();
+    let (kubelet, daemon) = start(&node, fast_config(), &[HCA, GPU]).await;
+
+    fixtures::remove_rdma_device(&node.sysfs, "mlx5_4").expect("unregister mlx5_4");
+    let hcas = kubelet
+        .wait_for_devices(HCA, WAIT, |d| {
+            health_of(d, "0000:4f:00.0") == Some("Unhealthy")
+        })
+        .await
+        .expect("gone HCA reported Unhealthy");
+    assert_eq!(hcas.len(), 14, "still listed");
+    let gone = hcas
+        .iter()
+        .find(|d| d.id == "0000:4f:00.0")
+        .expect("listed");
+    assert_eq!(numa_of(gone), vec![0], "keeps its last NUMA node");
+
+    fixtures::remove_pci_function(&node.sysfs, "0000:9d:00.0").expect("unplug GPU 4");
+    let gpus = kubelet
+        .wait_for_devices(GPU, WAIT, |d| {
+            health_of(d, "0000:9d:00.0") == Some("Unhealthy")
+        })
+        .await
+        .expect("unplugged GPU reported Unhealthy");
+    assert_eq!(gpus.len(), 8);
+    daemon.stop().await.expect("clean stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubelet_restart_makes_every_resource_register_again_promptly() {
+    let node = Node::dgx();
+    let (mut kubelet, daemon) = start(&node, fast_config(), &ALL).await;
+
+    let restarted = Instant::now();
+    kubelet.restart().await.expect("kubelet restart");
+    // The daemon's fallback liveness check is set to an hour: only the inotify watch can make
+    // this happen within the wait.
+    let snapshot = kubelet
+        .wait_for_resources(&ALL, WAIT)
+        .await
+        .expect("re-registered and listed");
+    let elapsed = restarted.elapsed();
+    assert_eq!(snapshot.generation, 1);
+    for resource in ALL {
+        let r = snapshot.registered()[resource];
+        assert!(r.at >= restarted);
+        assert!(
+            node.plugin_dir.join(&r.request.endpoint).exists(),
+            "socket recreated"
+        );
+    }
+    assert!(
+        elapsed < Duration::from_secs(2),
+        "re-registration took {elapsed:?}"
+    );
+    // The new kubelet sees the devices and can allocate.
+    let response = kubelet
+        .allocate(HCA, &["0000:18:00.0"])
+        .await
+        .expect("allocate after restart");
+    assert_eq!(response.envs["NCCL_IB_HCA"], "=mlx5_0:1");
+    daemon.stop().await.expect("clean stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_socket_of_ours_is_served_again() {
+    let node = Node::dgx();
+    let (kubelet, daemon) = start(&node, fast_config(), &ALL).await;
+    let socket = node.plugin_dir.join("rocefabric-rdma_hca.sock");
+    std::fs::remove_file(&socket).expect("delete socket");
+    kubelet
+        .wait_until(WAIT, |s| {
+            s.registrations
+                .iter()
+                .filter(|r| r.request.resource_name == HCA)
+                .count()
+                == 2
+        })
+        .await
+        .expect("registered again");
+    assert!(socket.exists());
+    assert!(kubelet.allocate(HCA, &["0000:18:00.0"]).await.is_ok());
+    daemon.stop().await.expect("clean stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plugin_restart_replaces_its_stale_sockets() {
+    let node = Node::dgx();
+    std::fs::create_dir_all(&node.plugin_dir).expect("plugin dir");
+    // A socket left by a killed earlier run (bound, never unlinked), one of a renamed resource,
+    // and another plugin's socket that must be left alone.
+    let stale = node.plugin_dir.join("rocefabric-rdma_hca.sock");
+    let renamed = node.plugin_dir.join("rocefabric-example.com_old.sock");
+    let foreign = node.plugin_dir.join("nvidia-gpu.sock");
+    for path in [&stale, &renamed, &foreign] {
+        drop(std::os::unix::net::UnixListener::bind(path).expect("bind"));
+    }
+    assert!(
+        std::os::unix::net::UnixStream::connect(&stale).is_err(),
+        "stale: nobody answers"
+    );
+
+    let (kubelet, daemon) = start(&node, fast_config(), &ALL).await;
+    assert!(
+        kubelet
+            .snapshot()
+            .registrations
+            .iter()
+            .all(|r| r.accepted())
+    );
+    assert!(
+        std::os::unix::net::UnixStream::connect(&stale).is_ok(),
+        "served again"
+    );
+    assert!(!renamed.exists(), "stale socket of ours removed");
+    assert!(foreign.exists(), "another plugin's socket kept");
+
+    // Stop and start again (a plugin restart): the new run registers again and serves.
+    daemon.stop().await.expect("clean stop");
+    assert!(!stale.exists(), "shutdown removes our sockets");
+    let daemon = Daemon::start(node.options(fast_config()));
+    kubelet
+        .wait_until(WAIT, |s| {
+            s.registrations.iter().filter(|r| r.accepted()).count() == 6
+        })
+        .await
+        .expect("second run registered all three");
+    assert!(kubelet.allocate(HCA, &["0000:18:00.0"]).await.is_ok());
+    daemon.stop().await.expect("clean stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registration_is_retried_until_the_kubelet_appears() {
+    let node = Node::dgx();
+    let daemon = Daemon::start(node.options(fast_config()));
+    // Give the daemon time to fail at least once against the missing kubelet.sock.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let kubelet = KubeletEmulator::start(&node.plugin_dir)
+        .await
+        .expect("emulator");
+    kubelet
+        .wait_for_resources(&ALL, WAIT)
+        .await
+        .expect("registered once the kubelet is up");
+    daemon.stop().await.expect("clean stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qos_gate_reports_hcas_without_applied_qos_unhealthy() {
+    let node = Node::dgx();
+    let kubelet = KubeletEmulator::start(&node.plugin_dir)
+        .await
+        .expect("emulator");
+    // The agent reports QoS applied on two compute netdevs only.
+    let ready = ["enp24s0np0", "enp64s0np0"]
+        .map(String::from)
+        .into_iter()
+        .collect();
+    let view = FabricView {
+        traffic_class: Some(98),
+        qos_ready: Some(ready),
+    };
+    let config = Config {
+        traffic_class: Some(106),
+        ..fast_config()
+    };
+    let daemon = Daemon::start_with_view(node.options(config), view);
+    kubelet
+        .wait_for_resources(&ALL, WAIT)
+        .await
+        .expect("registered");
+
+    let snapshot = kubelet.snapshot();
+    let hcas = snapshot.devices_of(HCA).unwrap_or_default();
+    let healthy: Vec<&str> = hcas
+        .iter()
+        .filter(|d| d.health == "Healthy")
+        .map(|d| d.id.as_str())
+        .collect();
+    assert_eq!(healthy, ["0000:18:00.0", "0000:40:00.0"]);
+    let pairs = snapshot.devices_of(GPU_HCA).unwrap_or_default();
+    assert_eq!(
+        health_of(pairs, "0000:1b:00.0_0000:18:00.0"),
+        Some("Healthy")
+    );
+    assert_eq!(
+        health_of(pairs, "0000:52:00.0_0000:4f:00.0"),
+        Some("Unhealthy")
+    );
+    // GPUs alone are not gated.
+    let gpus = snapshot.devices_of(GPU).unwrap_or_default();
+    assert!(gpus.iter().all(|d| d.health == "Healthy"));
+    // The fabric's traffic class wins over the config's.
+    let response = kubelet
+        .allocate(HCA, &["0000:18:00.0"])
+        .await
+        .expect("allocate");
+    assert_eq!(response.envs["NCCL_IB_TC"], "98");
+
+    // QoS applied everywhere: the gate opens without a restart.
+    let all = COMPUTE_HCAS.iter().map(|h| h.2.to_string()).collect();
+    daemon.view.send_modify(|v| v.qos_ready = Some(all));
+    kubelet
+        .wait_for_devices(HCA, WAIT, |d| {
+            COMPUTE_HCAS
+                .iter()
+                .all(|h| health_of(d, h.0) == Some("Healthy"))
+        })
+        .await
+        .expect("gate opened");
+    daemon.stop().await.expect("clean stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_renames_and_disables_resources() {
+    let node = Node::dgx();
+    let mut config = fast_config();
+    config.gpu.enabled = false;
+    config.gpu_hca.resource_name = "example.com/rail".into();
+    let (kubelet, daemon) = start(&node, config, &[HCA, "example.com/rail"]).await;
+    let registered: Vec<String> = kubelet
+        .snapshot()
+        .registered()
+        .keys()
+        .map(|s| s.to_string())
+        .collect();
+    assert_eq!(registered, ["example.com/rail", HCA]);
+    assert!(
+        node.plugin_dir
+            .join("rocefabric-example.com_rail.sock")
+            .exists()
+    );
+    assert!(
+        !node
+            .plugin_dir
+            .join("rocefabric-nvidia.com_gpu.sock")
+            .exists()
+    );
+    daemon.stop().await.expect("clean stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_without_rdma_still_registers_with_no_hcas() {
+    let node = Node::new(&FixtureNode::dgx_h100().without_rdma());
+    let (kubelet, daemon) = start(&node, fast_config(), &ALL).await;
+    let snapshot = kubelet.snapshot();
+    assert_eq!(snapshot.devices_of(HCA).map(<[_]>::len), Some(0));
+    assert_eq!(snapshot.devices_of(GPU_HCA).map(<[_]>::len), Some(0));
+    assert_eq!(snapshot.devices_of(GPU).map(<[_]>::len), Some(8));
+    daemon.stop().await.expect("clean stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refuses_to_start_on_a_missing_sysfs_root() {
+    let node = Node::dgx();
+    let mut options = node.options(fast_config());
+    options.sysfs_root = node.dir.path().join("nope");
+    let err = Daemon::start(options).stop().await.expect_err("refused");
+    assert!(err.to_string().contains("nope"), "{err}");
+}

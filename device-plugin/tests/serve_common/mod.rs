@@ -1,0 +1,150 @@
+//! Shared set-up of the `serve` tests: a fixture node in a temp dir, the daemon in-process, and the
+//! kubelet emulator on the same plugin directory.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use rocefabric_device_plugin::config::Config;
+use rocefabric_device_plugin::fabric_view::FabricView;
+use rocefabric_device_plugin::fixtures::FixtureNode;
+use rocefabric_device_plugin::kubelet::emulator::KubeletEmulator;
+use rocefabric_device_plugin::kubelet::pb;
+use rocefabric_device_plugin::serve::{self, ServeError, ServeOptions};
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+
+/// Upper bound for waiting on something that should happen within milliseconds; only reached
+/// when a test fails.
+pub const WAIT: Duration = Duration::from_secs(5);
+
+pub const HCA: &str = "rdma/hca";
+pub const GPU: &str = "nvidia.com/gpu";
+pub const GPU_HCA: &str = "rdma/gpu-hca";
+
+/// A node: sysfs fixture, /dev root and plugin directory under one temp dir.
+pub struct Node {
+    pub dir: tempfile::TempDir,
+    pub sysfs: PathBuf,
+    pub dev: PathBuf,
+    pub plugin_dir: PathBuf,
+}
+
+impl Node {
+    pub fn new(fixture: &FixtureNode) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("rocefabric-serve")
+            .tempdir_in(scratch_root())
+            .expect("temp dir");
+        let sysfs = dir.path().join("sys");
+        let dev = dir.path().join("dev");
+        let plugin_dir = dir.path().join("device-plugins");
+        fixture.write_to(&sysfs).expect("write fixture");
+        std::fs::create_dir_all(dev.join("infiniband")).expect("dev dir");
+        Self {
+            dir,
+            sysfs,
+            dev,
+            plugin_dir,
+        }
+    }
+
+    pub fn dgx() -> Self {
+        Self::new(&FixtureNode::dgx_h100())
+    }
+
+    /// Options for this node with a fast poll, the given config otherwise.
+    pub fn options(&self, config: Config) -> ServeOptions {
+        let mut options = ServeOptions::new(
+            config,
+            self.sysfs.clone(),
+            self.dev.clone(),
+            self.plugin_dir.clone(),
+        );
+        // Only inotify may trigger re-registration within a test's time frame.
+        options.liveness_interval = Duration::from_secs(3600);
+        options
+    }
+}
+
+/// A config polling sysfs every 20 ms.
+pub fn fast_config() -> Config {
+    Config {
+        poll_interval: Duration::from_millis(20),
+        ..Config::default()
+    }
+}
+
+/// The daemon running in-process.
+pub struct Daemon {
+    pub view: watch::Sender<FabricView>,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<Result<(), ServeError>>,
+}
+
+impl Daemon {
+    pub fn start(options: ServeOptions) -> Self {
+        let view = FabricView::from_config(&options.config);
+        Self::start_with_view(options, view)
+    }
+
+    pub fn start_with_view(options: ServeOptions, view: FabricView) -> Self {
+        let (view_tx, view_rx) = watch::channel(view);
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(serve::run(options, view_rx, async move {
+            let _ = stopped.await;
+        }));
+        Self {
+            view: view_tx,
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    /// Ask for shutdown and wait for `run` to return.
+    pub async fn stop(mut self) -> Result<(), ServeError> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        tokio::time::timeout(WAIT, &mut self.task)
+            .await
+            .expect("daemon stops")
+            .expect("daemon task")
+    }
+}
+
+/// Start the emulator and the daemon on `node`, and wait until `resources` are registered and
+/// listed.
+pub async fn start(node: &Node, config: Config, resources: &[&str]) -> (KubeletEmulator, Daemon) {
+    let kubelet = KubeletEmulator::start(&node.plugin_dir)
+        .await
+        .expect("emulator");
+    let daemon = Daemon::start(node.options(config));
+    kubelet
+        .wait_for_resources(resources, WAIT)
+        .await
+        .expect("resources registered and listed");
+    (kubelet, daemon)
+}
+
+/// The health of device `id` in `devices`.
+pub fn health_of<'a>(devices: &'a [pb::Device], id: &str) -> Option<&'a str> {
+    devices
+        .iter()
+        .find(|d| d.id == id)
+        .map(|d| d.health.as_str())
+}
+
+/// IDs in a device list.
+pub fn ids(devices: &[pb::Device]) -> Vec<&str> {
+    devices.iter().map(|d| d.id.as_str()).collect()
+}
+
+/// Where test trees go: `/dev/shm` when it is a writable directory (thousands of small files are
+/// written and removed per test, which is slow on some disk-backed filesystems), else the
+/// system temp dir.
+fn scratch_root() -> PathBuf {
+    let shm = PathBuf::from("/dev/shm");
+    let writable = shm.is_dir() && tempfile::tempdir_in(&shm).is_ok();
+    if writable { shm } else { std::env::temp_dir() }
+}
