@@ -218,33 +218,10 @@ async fn watch_plugin(shared: Arc<Shared>, resource: String, channel: Channel) {
     }
 }
 
-/// A Kubernetes extended resource name: `<domain>/<name>`, the domain not `kubernetes.io` (nor a
-/// subdomain of it), and the name a qualified name of at most 63 characters.
+/// A Kubernetes extended resource name (`<domain>/<name>` outside `kubernetes.io`), as the
+/// kubelet requires of a registration.
 pub fn is_extended_resource_name(name: &str) -> bool {
-    let Some((domain, short)) = name.split_once('/') else {
-        return false;
-    };
-    let dns_label = |l: &str| {
-        !l.is_empty()
-            && l.len() <= 63
-            && l.chars()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-            && !l.starts_with('-')
-            && !l.ends_with('-')
-    };
-    let qualified = |n: &str| {
-        !n.is_empty()
-            && n.len() <= 63
-            && n.chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-            && n.starts_with(|c: char| c.is_ascii_alphanumeric())
-            && n.ends_with(|c: char| c.is_ascii_alphanumeric())
-    };
-    domain.len() <= 253
-        && domain.split('.').all(dns_label)
-        && domain != "kubernetes.io"
-        && !domain.ends_with(".kubernetes.io")
-        && qualified(short)
+    crate::config::check_extended_resource_name(name).is_ok()
 }
 
 async fn connect(path: &Path) -> Result<Channel, EmulatorError> {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use rocefabric_device_plugin::config::Config;
 use rocefabric_device_plugin::fabric_view::FabricView;
-use rocefabric_device_plugin::fixtures::FixtureNode;
+use rocefabric_device_plugin::fixtures::{self, FixtureNode};
 use rocefabric_device_plugin::kubelet::emulator::KubeletEmulator;
 use rocefabric_device_plugin::kubelet::pb;
 use rocefabric_device_plugin::serve::{self, ServeError, ServeOptions};
@@ -32,10 +32,7 @@ pub struct Node {
 
 impl Node {
     pub fn new(fixture: &FixtureNode) -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("rocefabric-serve")
-            .tempdir_in(scratch_root())
-            .expect("temp dir");
+        let dir = fixtures::tempdir().expect("temp dir");
         let sysfs = dir.path().join("sys");
         let dev = dir.path().join("dev");
         let plugin_dir = dir.path().join("device-plugins");
@@ -138,13 +135,4 @@ pub fn health_of<'a>(devices: &'a [pb::Device], id: &str) -> Option<&'a str> {
 /// IDs in a device list.
 pub fn ids(devices: &[pb::Device]) -> Vec<&str> {
     devices.iter().map(|d| d.id.as_str()).collect()
-}
-
-/// Where test trees go: `/dev/shm` when it is a writable directory (thousands of small files are
-/// written and removed per test, which is slow on some disk-backed filesystems), else the
-/// system temp dir.
-fn scratch_root() -> PathBuf {
-    let shm = PathBuf::from("/dev/shm");
-    let writable = shm.is_dir() && tempfile::tempdir_in(&shm).is_ok();
-    if writable { shm } else { std::env::temp_dir() }
 }

@@ -1,0 +1,336 @@
+//! The kubelet-facing gRPC layer on its own: a `DevicePlugin` server over a fixed backend, the
+//! registration client and the kubelet emulator, all over real unix sockets in a temp dir.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rocefabric_device_plugin::fixtures;
+use rocefabric_device_plugin::kubelet::emulator::{EmulatorError, KubeletEmulator};
+use rocefabric_device_plugin::kubelet::registration::{self, RegistrationError};
+use rocefabric_device_plugin::kubelet::server::{BackendError, DeviceBackend, PluginServer};
+use rocefabric_device_plugin::kubelet::{self, pb};
+use rocefabric_device_plugin::model::Health;
+use tokio::sync::watch;
+
+const WAIT: Duration = Duration::from_secs(5);
+const RESOURCE: &str = "example.com/fake";
+
+/// A backend with a settable device list; allocation echoes the IDs.
+struct Fake {
+    devices: watch::Sender<Vec<pb::Device>>,
+}
+
+impl Fake {
+    fn new(ids: &[&str]) -> Arc<Self> {
+        let list = ids
+            .iter()
+            .map(|id| kubelet::device(*id, Health::Healthy, Some(0)))
+            .collect();
+        Arc::new(Self {
+            devices: watch::Sender::new(list),
+        })
+    }
+}
+
+impl DeviceBackend for Fake {
+    fn resource_name(&self) -> &str {
+        RESOURCE
+    }
+
+    fn devices(&self) -> watch::Receiver<Vec<pb::Device>> {
+        self.devices.subscribe()
+    }
+
+    fn preferred_allocation(
+        &self,
+        available: &[String],
+        must_include: &[String],
+        size: usize,
+    ) -> Result<Vec<String>, BackendError> {
+        let mut out = must_include.to_vec();
+        out.extend(
+            available
+                .iter()
+                .filter(|id| !must_include.contains(id))
+                .cloned(),
+        );
+        out.truncate(size.max(must_include.len()));
+        Ok(out)
+    }
+
+    fn allocate(&self, ids: &[String]) -> Result<pb::ContainerAllocateResponse, BackendError> {
+        let known = self.devices.borrow();
+        if let Some(id) = ids.iter().find(|id| !known.iter().any(|d| &d.id == *id)) {
+            return Err(BackendError::UnknownDevice {
+                resource: RESOURCE.into(),
+                id: id.clone(),
+            });
+        }
+        let mut response = pb::ContainerAllocateResponse::default();
+        response.envs.insert("FAKE_IDS".into(), ids.join(","));
+        Ok(response)
+    }
+}
+
+async fn serve_and_register(
+    dir: &std::path::Path,
+    backend: Arc<Fake>,
+) -> (KubeletEmulator, PluginServer) {
+    let kubelet = KubeletEmulator::start(dir).await.expect("emulator");
+    let endpoint = kubelet::socket_file_name(RESOURCE);
+    let server = PluginServer::start(&dir.join(&endpoint), backend)
+        .await
+        .expect("serve");
+    registration::register(
+        kubelet.socket_path(),
+        registration::register_request(RESOURCE, &endpoint),
+    )
+    .await
+    .expect("register");
+    kubelet
+        .wait_for_resources(&[RESOURCE], WAIT)
+        .await
+        .expect("listed");
+    (kubelet, server)
+}
+
+#[tokio::test]
+async fn the_emulator_refuses_a_plugin_that_is_not_serving_yet() {
+    let dir = fixtures::tempdir().expect("temp dir");
+    let kubelet = KubeletEmulator::start(dir.path()).await.expect("emulator");
+    let request = registration::register_request(RESOURCE, "rocefabric-example.com_fake.sock");
+    let err = registration::register(kubelet.socket_path(), request)
+        .await
+        .expect_err("refused");
+    assert!(matches!(err, RegistrationError::Rejected { .. }), "{err}");
+    let snapshot = kubelet.snapshot();
+    assert_eq!(snapshot.registrations.len(), 1);
+    let reason = snapshot.registrations[0]
+        .rejected
+        .as_deref()
+        .expect("recorded as refused");
+    assert!(
+        reason.contains("rocefabric-example.com_fake.sock"),
+        "{reason}"
+    );
+}
+
+#[tokio::test]
+async fn the_emulator_refuses_bad_versions_and_resource_names() {
+    let dir = fixtures::tempdir().expect("temp dir");
+    let kubelet = KubeletEmulator::start(dir.path()).await.expect("emulator");
+    let endpoint = kubelet::socket_file_name(RESOURCE);
+    let _server = PluginServer::start(&dir.path().join(&endpoint), Fake::new(&["a"]))
+        .await
+        .expect("serve");
+
+    let mut request = registration::register_request(RESOURCE, &endpoint);
+    request.version = "v1alpha".into();
+    let err = registration::register(kubelet.socket_path(), request)
+        .await
+        .expect_err("version");
+    assert!(err.to_string().contains("v1alpha"), "{err}");
+
+    let request = registration::register_request("hca", &endpoint);
+    let err = registration::register(kubelet.socket_path(), request)
+        .await
+        .expect_err("name");
+    let RegistrationError::Rejected { status, .. } = err else {
+        panic!("{err}")
+    };
+    assert!(status.message().contains("\"hca\""), "{}", status.message());
+    assert!(kubelet.snapshot().registered().is_empty());
+}
+
+#[tokio::test]
+async fn list_and_watch_sends_the_full_list_then_every_change() {
+    let dir = fixtures::tempdir().expect("temp dir");
+    let backend = Fake::new(&["a", "b"]);
+    let (kubelet, server) = serve_and_register(dir.path(), Arc::clone(&backend)).await;
+    let devices = kubelet
+        .snapshot()
+        .devices_of(RESOURCE)
+        .expect("listed")
+        .to_vec();
+    assert_eq!(
+        devices,
+        vec![
+            kubelet::device("a", Health::Healthy, Some(0)),
+            kubelet::device("b", Health::Healthy, Some(0))
+        ]
+    );
+    let topology = devices[0].topology.as_ref().expect("topology");
+    assert_eq!(topology.nodes[0].id, 0);
+
+    backend
+        .devices
+        .send_modify(|list| list[1].health = "Unhealthy".into());
+    let devices = kubelet
+        .wait_for_devices(RESOURCE, WAIT, |d| {
+            d.len() == 2 && d[1].health == "Unhealthy"
+        })
+        .await
+        .expect("update reached the kubelet");
+    assert_eq!(
+        devices[0].health, "Healthy",
+        "the full list is sent, not a delta"
+    );
+
+    backend
+        .devices
+        .send_modify(|list| list.push(kubelet::device("c", Health::Healthy, None)));
+    kubelet
+        .wait_for_devices(RESOURCE, WAIT, |d| d.len() == 3)
+        .await
+        .expect("membership change");
+    assert_eq!(kubelet.snapshot().list_updates[RESOURCE], 3);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn options_pre_start_preferred_and_allocate_over_the_socket() {
+    let dir = fixtures::tempdir().expect("temp dir");
+    let (kubelet, server) = serve_and_register(dir.path(), Fake::new(&["a", "b", "c"])).await;
+    let mut client = kubelet.client(RESOURCE).await.expect("client");
+
+    let options = client
+        .get_device_plugin_options(pb::Empty {})
+        .await
+        .expect("options");
+    assert!(options.get_ref().get_preferred_allocation_available);
+    let pre = client
+        .pre_start_container(pb::PreStartContainerRequest {
+            devices_ids: vec!["a".into()],
+        })
+        .await
+        .expect("pre-start");
+    assert_eq!(pre.into_inner(), pb::PreStartContainerResponse {});
+
+    let preferred = kubelet
+        .preferred_allocation(RESOURCE, &["a", "b", "c"], &["c"], 2)
+        .await
+        .expect("pref");
+    assert_eq!(preferred, ["c", "a"]);
+    let negative = kubelet
+        .preferred_allocation(RESOURCE, &["a"], &[], -1)
+        .await
+        .expect_err("neg");
+    let EmulatorError::Rpc(status) = negative else {
+        panic!("{negative}")
+    };
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+
+    let response = kubelet
+        .allocate(RESOURCE, &["a", "b"])
+        .await
+        .expect("allocate");
+    assert_eq!(response.envs["FAKE_IDS"], "a,b");
+    let err = kubelet
+        .allocate(RESOURCE, &["zz"])
+        .await
+        .expect_err("unknown");
+    let EmulatorError::Rpc(status) = err else {
+        panic!("{err}")
+    };
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(status.message().contains("\"zz\""), "{}", status.message());
+
+    // Several containers in one request get one response each, in order.
+    let two = client
+        .allocate(pb::AllocateRequest {
+            container_requests: vec![
+                pb::ContainerAllocateRequest {
+                    devices_ids: vec!["a".into()],
+                },
+                pb::ContainerAllocateRequest {
+                    devices_ids: vec!["c".into()],
+                },
+            ],
+        })
+        .await
+        .expect("two containers")
+        .into_inner();
+    let envs: Vec<&str> = two
+        .container_responses
+        .iter()
+        .map(|r| r.envs["FAKE_IDS"].as_str())
+        .collect();
+    assert_eq!(envs, ["a", "c"]);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn stopping_a_server_ends_its_stream_and_removes_its_socket() {
+    let dir = fixtures::tempdir().expect("temp dir");
+    let (kubelet, server) = serve_and_register(dir.path(), Fake::new(&["a"])).await;
+    let socket = server.socket_path().to_path_buf();
+    assert!(socket.exists());
+    tokio::time::timeout(WAIT, server.stop())
+        .await
+        .expect("stops promptly with a stream open");
+    assert!(!socket.exists());
+    assert!(
+        kubelet.client(RESOURCE).await.is_err(),
+        "nothing answers any more"
+    );
+}
+
+#[tokio::test]
+async fn a_server_replaces_a_stale_socket_file() {
+    let dir = fixtures::tempdir().expect("temp dir");
+    let socket = dir.path().join(kubelet::socket_file_name(RESOURCE));
+    drop(std::os::unix::net::UnixListener::bind(&socket).expect("stale socket"));
+    let server = PluginServer::start(&socket, Fake::new(&["a"]))
+        .await
+        .expect("serve over stale");
+    assert!(server.is_running());
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn the_emulator_restart_deletes_every_socket_and_serves_a_new_kubelet_sock() {
+    let dir = fixtures::tempdir().expect("temp dir");
+    let (mut kubelet, server) = serve_and_register(dir.path(), Fake::new(&["a"])).await;
+    let mut watcher =
+        kubelet::watcher::DirWatcher::start(dir.path(), kubelet.socket_path()).expect("watch");
+    kubelet.restart().await.expect("restart");
+    assert!(
+        !server.socket_path().exists(),
+        "plugin sockets deleted like the kubelet does"
+    );
+    let mut events = Vec::new();
+    while !events.contains(&kubelet::watcher::DirEvent::KubeletSocketCreated) {
+        let event = tokio::time::timeout(WAIT, watcher.next())
+            .await
+            .expect("inotify event");
+        events.push(event.expect("watch open"));
+    }
+    assert!(
+        events.contains(&kubelet::watcher::DirEvent::OwnSocketRemoved(
+            kubelet::socket_file_name(RESOURCE)
+        ))
+    );
+    let snapshot = kubelet.snapshot();
+    assert_eq!(snapshot.generation, 1);
+    assert!(snapshot.registered().is_empty());
+    assert!(snapshot.devices.is_empty());
+    server.stop().await;
+
+    // The new kubelet accepts a plugin that serves again.
+    let endpoint = kubelet::socket_file_name(RESOURCE);
+    let server = PluginServer::start(&dir.path().join(&endpoint), Fake::new(&["a"]))
+        .await
+        .expect("serve");
+    registration::register(
+        kubelet.socket_path(),
+        registration::register_request(RESOURCE, &endpoint),
+    )
+    .await
+    .expect("register with the new kubelet");
+    let snapshot = kubelet
+        .wait_for_resources(&[RESOURCE], WAIT)
+        .await
+        .expect("listed");
+    assert_eq!(snapshot.registered()[RESOURCE].generation, 1);
+    server.stop().await;
+}

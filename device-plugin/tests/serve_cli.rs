@@ -1,0 +1,159 @@
+//! `rocefabric-device-plugin serve` driven as a user (or the DaemonSet) runs it: the built binary,
+//! a fixture sysfs tree and the kubelet emulator.
+
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use rocefabric_device_plugin::fixtures::{self, FixtureNode};
+use rocefabric_device_plugin::kubelet::emulator::KubeletEmulator;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+fn serve_command(sysfs: &Path, plugin_dir: &Path, extra: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_rocefabric-device-plugin"));
+    cmd.arg("serve")
+        .arg("--sysfs-root")
+        .arg(sysfs)
+        .arg("--dev-root")
+        .arg(plugin_dir.parent().unwrap_or(plugin_dir))
+        .arg("--plugin-dir")
+        .arg(plugin_dir)
+        .args(extra)
+        .env_remove("NODE_NAME")
+        .env_remove("KUBECONFIG")
+        .env("RUST_LOG", "info");
+    cmd
+}
+
+fn run_with_config(yaml: &str) -> Output {
+    let dir = fixtures::tempdir().expect("temp dir");
+    let config = dir.path().join("config.yaml");
+    std::fs::write(&config, yaml).expect("write config");
+    let plugin_dir = dir.path().join("plugins");
+    let mut cmd = serve_command(&dir.path().join("sys"), &plugin_dir, &[]);
+    cmd.arg("--config").arg(&config);
+    let out = cmd.stdin(Stdio::null()).output().expect("run binary");
+    assert!(
+        !plugin_dir.exists()
+            || std::fs::read_dir(&plugin_dir).is_ok_and(|mut d| d.next().is_none()),
+        "a rejected config must not leave sockets behind"
+    );
+    out
+}
+
+#[test]
+fn a_bad_config_is_rejected_at_start_naming_field_and_value() {
+    for (yaml, field, value) in [
+        ("hca:\n  sharedReplicas: 0\n", "hca.sharedReplicas", "0"),
+        ("pollInterval: 0s\n", "pollInterval", "0s"),
+        ("gpu:\n  resourceName: gpu\n", "gpu.resourceName", "\"gpu\""),
+        (
+            "hca:\n  selector:\n    vendors: [\"mellanox\"]\n",
+            "hca.selector.vendors",
+            "mellanox",
+        ),
+    ] {
+        let out = run_with_config(yaml);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "accepted {yaml:?}");
+        assert!(
+            stderr.contains(field) && stderr.contains(value),
+            "{yaml:?}: {stderr}"
+        );
+    }
+}
+
+#[test]
+fn a_missing_config_file_is_named() {
+    let dir = fixtures::tempdir().expect("temp dir");
+    let missing = dir.path().join("nope.yaml");
+    let mut cmd = serve_command(dir.path(), &dir.path().join("plugins"), &[]);
+    let out = cmd
+        .arg("--config")
+        .arg(&missing)
+        .output()
+        .expect("run binary");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nope.yaml"));
+}
+
+/// Kill the child on drop so a failing test leaves no daemon behind.
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn sigterm(child: &Child) {
+    let status = Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status();
+    assert!(status.is_ok_and(|s| s.success()), "kill -TERM");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_registers_serves_and_cleans_up_on_sigterm() {
+    let dir = fixtures::tempdir().expect("temp dir");
+    let sysfs = dir.path().join("sys");
+    FixtureNode::dgx_h100().write_to(&sysfs).expect("fixture");
+    let plugin_dir = dir.path().join("plugins");
+    let kubelet = KubeletEmulator::start(&plugin_dir).await.expect("emulator");
+    let config = dir.path().join("config.yaml");
+    std::fs::write(&config, "pollInterval: 50ms\ntrafficClass: 106\n").expect("config");
+
+    let mut cmd = serve_command(&sysfs, &plugin_dir, &["--node-name", "dgx-01"]);
+    cmd.arg("--config")
+        .arg(&config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut daemon = Daemon(cmd.spawn().expect("spawn serve"));
+
+    let resources = ["rdma/hca", "nvidia.com/gpu", "rdma/gpu-hca"];
+    kubelet
+        .wait_for_resources(&resources, WAIT)
+        .await
+        .expect("registered by the binary");
+    let response = kubelet
+        .allocate("rdma/hca", &["0000:18:00.0"])
+        .await
+        .expect("allocate");
+    assert_eq!(response.envs["NCCL_IB_HCA"], "=mlx5_0:1");
+    assert_eq!(response.envs["NCCL_IB_TC"], "106");
+
+    // A link goes down under the running binary.
+    fixtures::set_port_state(&sysfs, "mlx5_0", 1, false).expect("link down");
+    kubelet
+        .wait_for_devices("rdma/hca", WAIT, |d| {
+            d.iter()
+                .any(|d| d.id == "0000:18:00.0" && d.health == "Unhealthy")
+        })
+        .await
+        .expect("Unhealthy reported");
+
+    sigterm(&daemon.0);
+    let mut status = None;
+    for _ in 0..200 {
+        if let Some(s) = daemon.0.try_wait().expect("wait") {
+            status = Some(s);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let status = status.expect("exited within 5 s of SIGTERM");
+    assert!(status.success(), "{status}");
+    let left: Vec<String> = std::fs::read_dir(&plugin_dir)
+        .expect("plugin dir")
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("rocefabric-"))
+        .collect();
+    assert!(left.is_empty(), "sockets left after SIGTERM: {left:?}");
+    assert!(
+        plugin_dir.join("kubelet.sock").exists(),
+        "the kubelet's socket is not ours to remove"
+    );
+}
