@@ -11,7 +11,9 @@
 //! that a pod's gate removal is skipped when the same pod's annotation write failed. A pass with
 //! any failure counts in `reconcile_failures_total{reason}` and schedules a retry with
 //! exponential backoff (1 s doubling to 5 min); watch events still trigger passes meanwhile.
-//! Losing the Lease stops the pass before its next write.
+//! Losing the Lease, or shutdown, stops the pass before its next write; `run` releases the Lease
+//! only after the controller has stopped, so no write of ours is in flight once another replica
+//! can take over.
 //!
 //! Fabric deletion: RoceNodes and region ConfigMaps carry a controller owner reference to their
 //! fabric, so the garbage collector removes them when the fabric goes. The planner also lists
@@ -95,6 +97,9 @@ pub enum ReconcileError {
     /// Leadership was lost in the middle of the pass; the remaining writes were not sent.
     #[error("lost leadership with {remaining} writes left unsent")]
     NotLeader { remaining: usize },
+    /// Shutdown began in the middle of the pass; the remaining writes were not sent.
+    #[error("shutting down with {remaining} writes left unsent")]
+    ShuttingDown { remaining: usize },
 }
 
 impl ReconcileError {
@@ -103,6 +108,7 @@ impl ReconcileError {
         match self {
             ReconcileError::Writes { first, .. } => first.metric_label(),
             ReconcileError::NotLeader { .. } => "not_leader",
+            ReconcileError::ShuttingDown { .. } => "shutting_down",
         }
     }
 }
@@ -120,16 +126,21 @@ pub struct PassSummary {
     pub skipped: usize,
     /// Failed writes, in order, with their kind.
     pub failures: Vec<(&'static str, ApplyError)>,
-    /// Writes not sent because leadership was lost.
+    /// Writes not sent because leadership was lost or shutdown began.
     pub unsent: usize,
+    /// The pass stopped for shutdown (rather than for lost leadership).
+    pub stopped: bool,
 }
 
 impl PassSummary {
     /// The pass as a result for the error policy.
     pub fn into_result(mut self) -> Result<Self, ReconcileError> {
         if self.unsent > 0 {
-            return Err(ReconcileError::NotLeader {
-                remaining: self.unsent,
+            let remaining = self.unsent;
+            return Err(if self.stopped {
+                ReconcileError::ShuttingDown { remaining }
+            } else {
+                ReconcileError::NotLeader { remaining }
             });
         }
         if self.failures.is_empty() {
@@ -230,6 +241,8 @@ pub struct Context {
     pub options: PlanOptions,
     /// `true` while this replica may write.
     pub leader: watch::Receiver<bool>,
+    /// Cancelled on shutdown: a pass stops before its next write.
+    pub stop: CancellationToken,
     pub overlay: Mutex<AnnotationOverlay>,
 }
 
@@ -261,6 +274,7 @@ impl Context {
             metrics,
             options,
             leader,
+            stop: CancellationToken::new(),
             overlay: Mutex::new(AnnotationOverlay::default()),
         }
     }
@@ -274,11 +288,13 @@ impl Context {
 pub async fn execute_all(ctx: &Context, writes: &[Write], summary: &mut PassSummary) {
     let mut failed_annotations: Vec<(&str, &str)> = Vec::new();
     for (i, write) in writes.iter().enumerate() {
-        if !ctx.is_leader() {
+        if ctx.stop.is_cancelled() || !ctx.is_leader() {
             summary.unsent = writes.len() - i;
+            summary.stopped = ctx.stop.is_cancelled();
             tracing::warn!(
                 unsent = summary.unsent,
-                "lost leadership; stopping the pass"
+                shutting_down = summary.stopped,
+                "stopping the pass before its next write"
             );
             return;
         }
@@ -603,13 +619,14 @@ pub async fn run(
             }
         }
     });
-    let ctx = Context::new(
+    let mut ctx = Context::new(
         client,
         &config.identity,
         metrics.clone(),
         leader,
         config.plan.clone(),
     );
+    ctx.stop = shutdown.clone();
     let result = reconcile_loop(
         &ctx,
         &stores,
@@ -624,6 +641,14 @@ pub async fn run(
         tracing::warn!(%error, "watch task ended abnormally");
     }
     result
+}
+
+/// Wait for the next change of leadership; never returns once the elector is gone (leadership
+/// then stays as it last was).
+async fn leadership_change(leader: &mut watch::Receiver<bool>) {
+    if leader.changed().await.is_err() {
+        std::future::pending::<()>().await;
+    }
 }
 
 /// The loop proper, over stores that some other task keeps filled (tests drive it directly).
@@ -656,7 +681,7 @@ pub async fn reconcile_loop(
             // Followers keep their caches warm and wait.
             tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),
-                res = leader.changed() => if res.is_err() { return Ok(()) },
+                () = leadership_change(&mut leader) => {}
             }
             continue;
         }
@@ -667,10 +692,7 @@ pub async fn reconcile_loop(
         }
         tokio::select! {
             () = shutdown.cancelled() => return Ok(()),
-            res = leader.changed() => {
-                if res.is_err() { return Ok(()) }
-                continue;
-            }
+            () = leadership_change(&mut leader) => continue,
             res = changed.changed() => {
                 if res.is_err() { return Ok(()) }
                 tokio::select! {
@@ -700,7 +722,10 @@ pub async fn reconcile_loop(
             Err(error) => {
                 let delay = backoff.next_delay().min(requeue);
                 tracing::warn!(%error, retry_in_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX), "reconcile failed");
-                if let ReconcileError::NotLeader { .. } = error {
+                if matches!(
+                    error,
+                    ReconcileError::NotLeader { .. } | ReconcileError::ShuttingDown { .. }
+                ) {
                     ctx.metrics.failure(error.metric_label());
                 }
                 next_pass = Instant::now() + delay;

@@ -448,3 +448,29 @@ async fn a_follower_sends_nothing() {
         Err(ReconcileError::NotLeader { remaining: 2 })
     ));
 }
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_stops_a_pass_before_its_next_write() {
+    let (client, mut api) = mock_client();
+    let ctx = Context::always_leader(client, "op-0", Arc::new(Metrics::new()));
+    let writes = vec![roce_node_write("n1"), roce_node_write("n2")];
+    let stop = ctx.stop.clone();
+    let task = tokio::spawn(async move {
+        let mut summary = PassSummary::default();
+        execute_all(&ctx, &writes, &mut summary).await;
+        summary
+    });
+    let first = api
+        .expect(Method::PATCH, &format!("{ROCENODES}/n1"), SSA)
+        .await;
+    // SIGTERM while the first write is in flight: it completes, the second is not sent.
+    stop.cancel();
+    first.echo();
+    api.assert_no_request(Duration::from_secs(5)).await;
+    let summary = task.await.expect("joined");
+    assert_eq!((summary.done, summary.unsent), (1, 1));
+    assert!(matches!(
+        summary.into_result(),
+        Err(ReconcileError::ShuttingDown { remaining: 1 })
+    ));
+}

@@ -70,7 +70,8 @@ async fn follower_is_quiet_then_takes_over_configures_goes_quiet_and_releases() 
         client.clone(),
         LeaseConfig::new("rocefabric-operator", "ops", "op-1"),
     );
-    let election = tokio::spawn(elector.run(leader_tx, shutdown.clone()));
+    let stop_election = CancellationToken::new();
+    let election = tokio::spawn(elector.run(leader_tx, stop_election.clone()));
     let ctrl = tokio::spawn(controller::run(
         client,
         ControllerConfig::new("op-1"),
@@ -182,6 +183,12 @@ async fn follower_is_quiet_then_takes_over_configures_goes_quiet_and_releases() 
     ctrl.await
         .expect("controller task")
         .expect("controller ends cleanly");
+    // As `run` does: the Lease is released only once the controller stopped writing.
+    assert!(
+        *leader_rx.borrow(),
+        "still leader while the controller stops"
+    );
+    stop_election.cancel();
     election.await.expect("election task");
     let last = fake.writes().pop().expect("release sent");
     assert_eq!(

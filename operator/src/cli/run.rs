@@ -136,7 +136,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         client.clone(),
         LeaseConfig::new(&args.lease_name, &namespace, &identity),
     );
-    let elector_task = tokio::spawn(elector.run(leader_tx, shutdown.clone()));
+    // The elector stops only after the controller has stopped writing, so the Lease is released
+    // (and another replica may take over) only once no write of ours is in flight.
+    let election = CancellationToken::new();
+    let elector_task = tokio::spawn(elector.run(leader_tx, election.clone()));
 
     let controller_config = ControllerConfig {
         debounce: Duration::from_millis(args.debounce_ms),
@@ -169,14 +172,16 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             (None, Some(result.context("http task panicked")?))
         }
     };
-    // The controller finishes the write in flight and stops; the elector releases the Lease.
+    // The controller finishes the write in flight and stops; then the elector releases the Lease.
     let controller_result = match controller_result {
-        Some(r) => r,
-        None => controller_task.await.context("controller task panicked")?,
+        Some(r) => Ok(r),
+        None => controller_task.await,
     };
+    election.cancel();
     elector_task
         .await
         .context("leader election task panicked")?;
+    let controller_result = controller_result.context("controller task panicked")?;
     let http_result = match http_result {
         Some(r) => r,
         None => http_task.await.context("http task panicked")?,
