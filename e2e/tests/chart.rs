@@ -207,28 +207,73 @@ fn grant(group: &str, resource: &str, verbs: &[&str]) -> Vec<(String, String, St
         .collect()
 }
 
-/// What the operator's code calls, as operator/RBAC.md documents it.
-fn operator_cluster_grants() -> BTreeSet<(String, String, String, String)> {
-    [
-        grant("rocefabric.io", "rocefabrics", &["get", "list", "watch"]),
-        grant("rocefabric.io", "rocefabrics/status", &["patch"]),
-        grant(
-            "rocefabric.io",
-            "rocenodes",
-            &["get", "list", "watch", "create", "patch", "delete"],
-        ),
-        grant("", "nodes", &["get", "list", "watch"]),
-        grant("", "pods", &["get", "list", "watch", "patch"]),
-        grant(
-            "",
-            "configmaps",
-            &["get", "list", "watch", "create", "patch", "delete"],
-        ),
-        grant("events.k8s.io", "events", &["create", "patch"]),
-    ]
-    .into_iter()
-    .flatten()
-    .collect()
+type Grants = BTreeSet<(String, String, String, String)>;
+
+/// What the operator's code calls, read from the tables of operator/RBAC.md (written next to the
+/// code): `(cluster-wide grants, grants in the Lease namespace)`. A `resourceNames: [<--lease-name>]`
+/// note on a resource becomes the Lease's name.
+fn documented_operator_grants(lease_name: &str) -> (Grants, Grants) {
+    let path = workspace_root().join("operator/RBAC.md");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let ticked = |cell: &str| -> Vec<String> {
+        cell.split('`')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_string)
+            .collect()
+    };
+    let (mut cluster, mut namespaced) = (Grants::new(), Grants::new());
+    let mut section = "";
+    for line in text.lines() {
+        if let Some(heading) = line.strip_prefix("## ") {
+            section = if heading.starts_with("ClusterRole") {
+                "cluster"
+            } else if heading.starts_with("Role") {
+                "role"
+            } else {
+                ""
+            };
+            continue;
+        }
+        let cells: Vec<&str> = line
+            .trim()
+            .trim_matches('|')
+            .split('|')
+            .map(str::trim)
+            .collect();
+        if section.is_empty() || cells.len() < 3 || !cells[0].starts_with('`') {
+            continue;
+        }
+        let group = ticked(cells[0])
+            .first()
+            .cloned()
+            .unwrap_or_default()
+            .replace("\"\"", "");
+        let resource_cell = ticked(cells[1]);
+        let resource = resource_cell
+            .first()
+            .cloned()
+            .expect("a resource in backticks");
+        let name = if resource_cell.iter().any(|c| c.starts_with("resourceNames")) {
+            lease_name.to_string()
+        } else {
+            String::new()
+        };
+        let target = if section == "cluster" {
+            &mut cluster
+        } else {
+            &mut namespaced
+        };
+        for verb in ticked(cells[2]) {
+            target.insert((group.clone(), resource.clone(), verb, name.clone()));
+        }
+    }
+    assert!(
+        !cluster.is_empty() && !namespaced.is_empty(),
+        "no rules parsed from {}",
+        path.display()
+    );
+    (cluster, namespaced)
 }
 
 /// The kubelet-facing `serve` container: read its node's RoceNode (QoS gate, traffic class).
@@ -412,6 +457,7 @@ fn rbac_grants_exactly_what_the_code_uses() {
         );
     }
 
+    let (documented_cluster, documented_lease) = documented_operator_grants("rocefabric-operator");
     let operator: ClusterRole = one(
         &objects,
         "ClusterRole",
@@ -419,34 +465,33 @@ fn rbac_grants_exactly_what_the_code_uses() {
     );
     assert_eq!(
         grants(&operator.rules.unwrap_or_default()),
-        operator_cluster_grants()
+        documented_cluster,
+        "operator ClusterRole vs operator/RBAC.md"
     );
-
     let lease: Role = one(
         &objects,
         "Role",
         &format!("{RELEASE}-rocefabric-operator-leader-election"),
     );
     assert_eq!(lease.metadata.namespace.as_deref(), Some(NAMESPACE));
-    let mut lease_grants = BTreeSet::new();
-    lease_grants.insert((
-        "coordination.k8s.io".into(),
-        "leases".into(),
-        "create".into(),
-        String::new(),
-    ));
-    for verb in ["get", "update"] {
-        lease_grants.insert((
-            "coordination.k8s.io".into(),
-            "leases".into(),
-            verb.into(),
-            "rocefabric-operator".into(),
-        ));
-    }
     assert_eq!(
         grants(&lease.rules.unwrap_or_default()),
-        lease_grants,
-        "leader election Role"
+        documented_lease,
+        "leader election Role vs operator/RBAC.md"
+    );
+    // The Lease rule follows the configured name.
+    let renamed = render(
+        &engine,
+        json!({"operator": {"leaderElection": {"leaseName": "rf-leader"}}}),
+    );
+    let lease: Role = one(
+        &renamed,
+        "Role",
+        &format!("{RELEASE}-rocefabric-operator-leader-election"),
+    );
+    assert_eq!(
+        grants(&lease.rules.unwrap_or_default()),
+        documented_operator_grants("rf-leader").1
     );
 
     let dp: ClusterRole = one(
@@ -881,6 +926,7 @@ fn schema_rejects_typos_and_out_of_range_values() {
             "metricsPort",
         ),
         (json!({"operator": {"logFormat": "xml"}}), "logFormat"),
+        (json!({"node": {"qosAgent": {"resyncInterval": "100ms"}}}), "resyncInterval"),
         (json!({"crds": {"install": "yes"}}), "install"),
         (
             json!({"serviceMonitor": {"enabled": true}}),

@@ -511,6 +511,15 @@ fn qos_apply_on_a_veth_changes_the_mtu_and_reports_dcb_unsupported() {
         "--dry-run changed the MTU:\n{}",
         String::from_utf8_lossy(&dry.stdout)
     );
+    assert!(
+        !dry.status.success(),
+        "--dry-run with changes pending exits non-zero"
+    );
+    assert!(
+        String::from_utf8_lossy(&dry.stdout).contains("4200"),
+        "--dry-run prints the MTU change:\n{}",
+        String::from_utf8_lossy(&dry.stdout)
+    );
 
     let out = ns
         .exec(
@@ -544,24 +553,38 @@ fn qos_apply_on_a_veth_changes_the_mtu_and_reports_dcb_unsupported() {
     let report: serde_json::Value = serde_json::from_str(&stdout).unwrap_or_else(|e| {
         panic!("qos apply --output json is not JSON ({e}):\n{stdout}\n{stderr}")
     });
-    let knobs = knob_outcomes(&report);
     assert_eq!(
-        knobs.get("mtu").map(String::as_str),
-        Some("applied"),
-        "mtu outcome in {report}"
+        report["holds"], false,
+        "the report says the spec does not hold: {report}"
     );
-    for knob in ["pfc", "appTable"] {
-        assert_eq!(
-            knobs.get(knob).map(String::as_str),
-            Some("unsupported"),
-            "{knob} must be unsupported on a veth: {report}"
+    let knobs = knob_outcomes(&report);
+    let mtu = &knobs["mtu"];
+    assert_eq!(mtu["outcome"], "Applied", "mtu in {report}");
+    assert_eq!(mtu["mechanism"], "Rtnetlink", "mtu in {report}");
+    assert_eq!(mtu["observed"], "4200", "mtu read back in {report}");
+    // DCB netlink answers EOPNOTSUPP on a veth: trust, the DSCP APP table and PFC are unsupported,
+    // and so is ECN (no driver files).
+    for knob in ["trust", "dscpMap", "pfc"] {
+        let k = &knobs[knob];
+        assert_eq!(k["outcome"], "Unsupported", "{knob} in {report}");
+        let error = k["error"].as_str().unwrap_or_default();
+        assert!(
+            error.contains("EOPNOTSUPP"),
+            "{knob} error names EOPNOTSUPP: {error}"
         );
     }
-    for (knob, outcome) in &knobs {
+    for knob in ["ecnNotificationPoint", "ecnReactionPoint"] {
+        assert_eq!(knobs[knob]["outcome"], "Unsupported", "{knob} in {report}");
+    }
+    for (knob, k) in &knobs {
         if knob != "mtu" {
             assert_ne!(
-                outcome, "applied",
+                k["outcome"], "Applied",
                 "{knob} claimed applied on a veth: {report}"
+            );
+            assert_ne!(
+                k["outcome"], "AlreadyCorrect",
+                "{knob} claimed correct on a veth: {report}"
             );
         }
     }
@@ -582,16 +605,18 @@ fn qos_apply_on_a_veth_changes_the_mtu_and_reports_dcb_unsupported() {
     assert!(text.contains("4200"), "qos show reports the MTU:\n{text}");
 }
 
-/// `{knob: outcome}` from a `qos apply --output json` report.
-fn knob_outcomes(report: &serde_json::Value) -> BTreeMap<String, String> {
-    let mut out = BTreeMap::new();
-    let knobs = report["knobs"]
+/// `{knob: entry}` from a `qos apply --output json` report (`knobs[]` with `knob`, `outcome`,
+/// `mechanism`, `desired`, `observed`, `error`).
+fn knob_outcomes(report: &serde_json::Value) -> BTreeMap<String, serde_json::Value> {
+    report["knobs"]
         .as_array()
-        .or_else(|| report["interfaces"][0]["knobs"].as_array());
-    for k in knobs.into_iter().flatten() {
-        if let (Some(name), Some(outcome)) = (k["knob"].as_str(), k["outcome"].as_str()) {
-            out.insert(name.to_string(), outcome.to_string());
-        }
-    }
-    out
+        .unwrap_or_else(|| panic!("no knobs[] in {report}"))
+        .iter()
+        .map(|k| {
+            (
+                k["knob"].as_str().unwrap_or_default().to_string(),
+                k.clone(),
+            )
+        })
+        .collect()
 }
