@@ -7,6 +7,10 @@ package helm-python-sdk). No cluster is contacted.
       exit 1 with Helm's message on stderr when values fail the schema or a template fails.
   helm-render.py lint CHART [--values-json JSON] [--kube-version v1.33.0]
       prints every finding; exit 1 when Helm reports a warning or an error (strict).
+  helm-render.py install CHART --name NAME --namespace NS [--values-json JSON] [--timeout S]
+      `helm upgrade --install --create-namespace --wait` against the cluster of $KUBECONFIG
+      (used by the real-cluster e2e suite when no `helm` binary is on PATH).
+  helm-render.py uninstall --name NAME --namespace NS
 """
 import argparse
 import json
@@ -69,18 +73,54 @@ def lint(args: argparse.Namespace) -> int:
     return 1 if worst >= 2 else 0
 
 
+def install(args: argparse.Namespace) -> int:
+    values = json.loads(args.values_json) if args.values_json else None
+    config = helm.Config(namespace=args.namespace)
+    try:
+        try:
+            config.status(args.name)
+            exists = True
+        except helm.HelmNotFoundError:
+            exists = False
+        if exists:
+            release = config.upgrade(args.chart, args.name, values, namespace=args.namespace,
+                                     timeout=args.timeout, wait="watcher")
+        else:
+            release = config.install(args.chart, args.name, values, namespace=args.namespace,
+                                     timeout=args.timeout, wait="watcher", create_namespace=True)
+    except helm.HelmError as error:
+        print(f"helm install failed: {error}", file=sys.stderr)
+        return 1
+    info = release.get("info", {}) if isinstance(release, dict) else {}
+    print(f"release {args.name} in {args.namespace}: {info.get('status', 'deployed')}")
+    return 0
+
+
+def uninstall(args: argparse.Namespace) -> int:
+    config = helm.Config(namespace=args.namespace)
+    try:
+        config.uninstall(args.name, ignore_not_found=True, wait="watcher", timeout=args.timeout)
+    except helm.HelmError as error:
+        print(f"helm uninstall failed: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("render", "notes", "lint"):
+    for name in ("render", "notes", "lint", "install", "uninstall"):
         p = sub.add_parser(name)
-        p.add_argument("chart")
+        if name != "uninstall":
+            p.add_argument("chart")
         p.add_argument("--values-json", default="")
         p.add_argument("--name", default="rocefabric")
         p.add_argument("--namespace", default="rocefabric-system")
         p.add_argument("--kube-version", default="v1.33.0")
+        p.add_argument("--timeout", type=int, default=300)
     args = parser.parse_args()
-    return {"render": render, "notes": notes, "lint": lint}[args.command](args)
+    actions = {"render": render, "notes": notes, "lint": lint, "install": install, "uninstall": uninstall}
+    return actions[args.command](args)
 
 
 if __name__ == "__main__":

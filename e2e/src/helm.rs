@@ -144,6 +144,20 @@ impl HelmEngine {
         self.run("notes", chart, values, &[])
     }
 
+    /// `helm upgrade --install --create-namespace --wait` into the cluster of `$KUBECONFIG`.
+    pub fn install(
+        &self,
+        chart: &Path,
+        values: &Value,
+        name: &str,
+        namespace: &str,
+        timeout_seconds: u32,
+    ) -> Result<String, HelmError> {
+        let timeout = timeout_seconds.to_string();
+        let args = ["--name", name, "--namespace", namespace, "--timeout", &timeout];
+        self.run("install", chart, values, &args)
+    }
+
     /// `helm lint --strict`; Ok with the report when there is no warning and no error.
     pub fn lint(&self, chart: &Path, values: &Value) -> Result<String, HelmError> {
         self.run("lint", chart, values, &[])
