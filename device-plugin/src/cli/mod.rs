@@ -2,6 +2,8 @@
 
 pub mod discover;
 pub mod serve;
+pub mod qos;
+pub mod agent;
 
 use clap::{Parser, Subcommand};
 
@@ -20,6 +22,10 @@ pub enum Command {
     // Subcommands are added by their modules: discover, serve, qos, agent.
     /// Serve the HCAs and GPUs to the kubelet (device plugin API v1beta1).
     Serve(serve::ServeArgs),
+    /// Show or apply the lossless RoCE QoS of one netdev (DCB netlink, rtnetlink, driver files).
+    Qos(qos::QosArgs),
+    /// Run the node QoS agent: apply this node's RoceNode and report it (needs CAP_NET_ADMIN).
+    Agent(agent::AgentArgs),
 }
 
 /// Run the parsed command line.
@@ -27,5 +33,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Discover(args) => discover::run(args),
         Command::Serve(args) => serve::run(args),
+        Command::Qos(args) => qos::run(args),
+        Command::Agent(args) => agent::run(args),
     }
 }

@@ -5,11 +5,12 @@
 use rocefabric_api::{InterfaceStatus, Knob, KnobOutcome, KnobStatus, Mechanism, Trust};
 use tracing::{debug, info, warn};
 
-use super::dcbnl::{APP_SEL_DSCP, DcbError, DcbOps};
-use super::driver_files::{EcnPoint, NetdevFiles};
-use super::plan::{Action, Desired, Observed, Plan, Write, plan};
-use super::rtnl::{LinkInfo, LinkOps};
 use super::Reading;
+use super::dcbnl::{APP_SEL_DSCP, DcbError, DcbOps, Dcbnl};
+use super::driver_files::{EcnPoint, NetdevFiles};
+use super::netlink::RouteSocket;
+use super::plan::{Action, Desired, Observed, Plan, Write, plan};
+use super::rtnl::{LinkInfo, LinkOps, Rtnl};
 
 /// The kernel interfaces apply needs: DCB netlink and rtnetlink (driver files come with the
 /// interface's [`NetdevFiles`]).
@@ -21,6 +22,30 @@ pub struct Kernel<'a> {
 impl std::fmt::Debug for Kernel<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Kernel").finish_non_exhaustive()
+    }
+}
+
+/// Real kernel access: one `NETLINK_ROUTE` socket for DCB netlink and one for rtnetlink.
+#[derive(Debug)]
+pub struct Netlink {
+    pub dcb: Dcbnl<RouteSocket>,
+    pub link: Rtnl<RouteSocket>,
+}
+
+impl Netlink {
+    /// Open both sockets in the caller's network namespace.
+    pub fn open() -> std::io::Result<Self> {
+        Ok(Self {
+            dcb: Dcbnl::new(RouteSocket::open()?),
+            link: Rtnl::new(RouteSocket::open()?),
+        })
+    }
+
+    pub fn kernel(&mut self) -> Kernel<'_> {
+        Kernel {
+            dcb: &mut self.dcb,
+            link: &mut self.link,
+        }
     }
 }
 
@@ -42,7 +67,9 @@ pub fn observe(kernel: &mut Kernel<'_>, files: &NetdevFiles) -> Observed {
             Reading::value(Mechanism::DcbNetlink, state.app.clone()),
             match state.pfc {
                 Some(p) => Reading::value(Mechanism::DcbNetlink, p),
-                None => Reading::unsupported(format!("the driver of {ifname} reports no IEEE PFC over DCB netlink")),
+                None => Reading::unsupported(format!(
+                    "the driver of {ifname} reports no IEEE PFC over DCB netlink"
+                )),
             },
             state.dcbx,
         ),
@@ -50,7 +77,11 @@ pub fn observe(kernel: &mut Kernel<'_>, files: &NetdevFiles) -> Observed {
     };
     let trust = files.read_trust().unwrap_or_else(|| {
         app.as_ref().map(|a| {
-            if a.iter().any(|x| x.selector == APP_SEL_DSCP) { Trust::Dscp } else { Trust::Pcp }
+            if a.iter().any(|x| x.selector == APP_SEL_DSCP) {
+                Trust::Dscp
+            } else {
+                Trust::Pcp
+            }
         })
     });
     let mtu = match kernel.link.get_link(ifname) {
@@ -81,8 +112,14 @@ struct WriteError {
 
 fn execute(kernel: &mut Kernel<'_>, files: &NetdevFiles, write: &Write) -> Result<(), WriteError> {
     let ifname = files.netdev.as_str();
-    let file_err = |e: super::driver_files::FileError| WriteError { unsupported: false, message: e.to_string() };
-    let dcb_err = |e: DcbError| WriteError { unsupported: e.is_unsupported(), message: e.to_string() };
+    let file_err = |e: super::driver_files::FileError| WriteError {
+        unsupported: false,
+        message: e.to_string(),
+    };
+    let dcb_err = |e: DcbError| WriteError {
+        unsupported: e.is_unsupported(),
+        message: e.to_string(),
+    };
     match write {
         Write::Trust(t) => files.write_trust(*t).map_err(file_err),
         Write::AddApps(apps) => kernel.dcb.add_apps(ifname, apps).map_err(dcb_err),
@@ -90,25 +127,44 @@ fn execute(kernel: &mut Kernel<'_>, files: &NetdevFiles, write: &Write) -> Resul
             // mlx5 replaces a DSCP entry itself when a new priority is set for it, so delete only
             // what is still there (deleting a missing entry fails with ENOENT).
             let current = kernel.dcb.ieee_get(ifname).map_err(dcb_err)?.app;
-            let present: Vec<_> = apps.iter().filter(|a| current.contains(a)).copied().collect();
+            let present: Vec<_> = apps
+                .iter()
+                .filter(|a| current.contains(a))
+                .copied()
+                .collect();
             if present.is_empty() {
                 return Ok(());
             }
             kernel.dcb.del_apps(ifname, &present).map_err(dcb_err)
         }
         Write::Pfc(pfc) => kernel.dcb.set_pfc(ifname, pfc).map_err(dcb_err),
-        Write::Ecn { point, priority, enabled } => files.write_ecn(*point, *priority, *enabled).map_err(file_err),
+        Write::Ecn {
+            point,
+            priority,
+            enabled,
+        } => files
+            .write_ecn(*point, *priority, *enabled)
+            .map_err(file_err),
         Write::CnpDscp { mechanism, value } | Write::CnpPriority { mechanism, value } => {
-            let file = if matches!(write, Write::CnpDscp { .. }) { files.cnp_dscp_file() } else { files.cnp_priority_file() };
+            let file = if matches!(write, Write::CnpDscp { .. }) {
+                files.cnp_dscp_file()
+            } else {
+                files.cnp_priority_file()
+            };
             match file {
                 Ok((m, path)) if m == *mechanism => {
                     super::driver_files::write_attr(&path, &value.to_string()).map_err(file_err)
                 }
                 Ok((m, _)) => Err(WriteError {
                     unsupported: false,
-                    message: format!("the CNP file moved from {mechanism:?} to {m:?} while applying"),
+                    message: format!(
+                        "the CNP file moved from {mechanism:?} to {m:?} while applying"
+                    ),
                 }),
-                Err(reason) => Err(WriteError { unsupported: true, message: reason }),
+                Err(reason) => Err(WriteError {
+                    unsupported: true,
+                    message: reason,
+                }),
             }
         }
         Write::RoceMode(mode) => files.write_roce_mode(mode).map_err(file_err),
@@ -140,11 +196,19 @@ impl Outcome {
 
     /// Knobs that were written and read back equal.
     pub fn applied(&self) -> Vec<Knob> {
-        self.knobs.iter().filter(|k| k.outcome == KnobOutcome::Applied).map(|k| k.knob).collect()
+        self.knobs
+            .iter()
+            .filter(|k| k.outcome == KnobOutcome::Applied)
+            .map(|k| k.knob)
+            .collect()
     }
 
     /// The interface's status entry (identity fields from `files`, link state from the caller).
-    pub fn interface_status(&self, files: &NetdevFiles, link_state: Option<String>) -> InterfaceStatus {
+    pub fn interface_status(
+        &self,
+        files: &NetdevFiles,
+        link_state: Option<String>,
+    ) -> InterfaceStatus {
         interface_status(files, &self.after, self.knobs.clone(), link_state)
     }
 }
@@ -171,7 +235,11 @@ pub fn interface_status(
 }
 
 /// Observe and plan only (`--dry-run`): nothing is written.
-pub fn dry_run(kernel: &mut Kernel<'_>, files: &NetdevFiles, desired: &Desired) -> (Observed, Plan) {
+pub fn dry_run(
+    kernel: &mut Kernel<'_>,
+    files: &NetdevFiles,
+    desired: &Desired,
+) -> (Observed, Plan) {
     let before = observe(kernel, files);
     let p = plan(desired, &before);
     (before, p)
@@ -197,7 +265,11 @@ pub fn apply(kernel: &mut Kernel<'_>, files: &NetdevFiles, desired: &Desired) ->
             }
         }
     }
-    let after = if the_plan.writes.is_empty() { before } else { observe(kernel, files) };
+    let after = if the_plan.writes.is_empty() {
+        before
+    } else {
+        observe(kernel, files)
+    };
     let check = plan(desired, &after);
     let knobs = the_plan
         .knobs
@@ -212,10 +284,15 @@ pub fn apply(kernel: &mut Kernel<'_>, files: &NetdevFiles, desired: &Desired) ->
                 Action::Keep if holds_now => (KnobOutcome::AlreadyCorrect, None),
                 Action::Keep => (
                     KnobOutcome::Failed,
-                    Some(format!("changed while applying: reads back {}", observed.as_deref().unwrap_or("nothing"))),
+                    Some(format!(
+                        "changed while applying: reads back {}",
+                        observed.as_deref().unwrap_or("nothing")
+                    )),
                 ),
                 Action::Change => match errors.iter().find(|(e, _)| *e == k.knob) {
-                    Some((_, e)) if e.unsupported => (KnobOutcome::Unsupported, Some(e.message.clone())),
+                    Some((_, e)) if e.unsupported => {
+                        (KnobOutcome::Unsupported, Some(e.message.clone()))
+                    }
                     Some((_, e)) => (KnobOutcome::Failed, Some(e.message.clone())),
                     None if holds_now => (KnobOutcome::Applied, None),
                     None => (
@@ -243,10 +320,16 @@ pub fn apply(kernel: &mut Kernel<'_>, files: &NetdevFiles, desired: &Desired) ->
             }
         })
         .collect();
-    Outcome { netdev: files.netdev.clone(), plan: the_plan, knobs, after }
+    Outcome {
+        netdev: files.netdev.clone(),
+        plan: the_plan,
+        knobs,
+        after,
+    }
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)] // tests fail loudly on the unexpected
 pub(crate) mod tests {
     use super::*;
     use crate::qos::dcbnl::{DcbApp, IeeePfc, IeeeState};
@@ -268,13 +351,24 @@ pub(crate) mod tests {
 
     impl FakeDcb {
         pub(crate) fn mlx5() -> Self {
-            Self { supported: true, pfc: Some(IeeePfc { pfc_cap: 8, ..Default::default() }), ..Default::default() }
+            Self {
+                supported: true,
+                pfc: Some(IeeePfc {
+                    pfc_cap: 8,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }
         }
         fn check(&self, op: &'static str, ifname: &str) -> Result<(), DcbError> {
             if self.supported {
                 Ok(())
             } else {
-                Err(DcbError { op, ifname: ifname.into(), source: NetlinkError::Errno(errno::EOPNOTSUPP) })
+                Err(DcbError {
+                    op,
+                    ifname: ifname.into(),
+                    source: NetlinkError::Errno(errno::EOPNOTSUPP),
+                })
             }
         }
     }
@@ -282,7 +376,11 @@ pub(crate) mod tests {
     impl DcbOps for FakeDcb {
         fn ieee_get(&mut self, ifname: &str) -> Result<IeeeState, DcbError> {
             self.check("IEEE_GET", ifname)?;
-            Ok(IeeeState { pfc: self.pfc, app: self.app.clone(), dcbx: Some(0x09) })
+            Ok(IeeeState {
+                pfc: self.pfc,
+                app: self.app.clone(),
+                dcbx: Some(0x09),
+            })
         }
         fn set_pfc(&mut self, ifname: &str, pfc: &IeeePfc) -> Result<(), DcbError> {
             self.check("IEEE_SET pfc", ifname)?;
@@ -296,7 +394,8 @@ pub(crate) mod tests {
             self.check("IEEE_SET app", ifname)?;
             self.app_writes += 1;
             for a in apps {
-                self.app.retain(|x| !(x.selector == a.selector && x.protocol == a.protocol));
+                self.app
+                    .retain(|x| !(x.selector == a.selector && x.protocol == a.protocol));
                 self.app.push(*a);
             }
             Ok(())
@@ -308,7 +407,11 @@ pub(crate) mod tests {
                 let before = self.app.len();
                 self.app.retain(|x| x != a);
                 if before == self.app.len() {
-                    return Err(DcbError { op: "IEEE_DEL app", ifname: ifname.into(), source: NetlinkError::Errno(errno::ENOENT) });
+                    return Err(DcbError {
+                        op: "IEEE_DEL app",
+                        ifname: ifname.into(),
+                        source: NetlinkError::Errno(errno::ENOENT),
+                    });
                 }
             }
             Ok(())
@@ -322,7 +425,12 @@ pub(crate) mod tests {
 
     impl LinkOps for FakeLink {
         fn get_link(&mut self, ifname: &str) -> Result<LinkInfo, LinkError> {
-            Ok(LinkInfo { index: 2, name: ifname.into(), mtu: self.mtu, operstate: Some(6) })
+            Ok(LinkInfo {
+                index: 2,
+                name: ifname.into(),
+                mtu: self.mtu,
+                operstate: Some(6),
+            })
         }
         fn set_mtu(&mut self, _ifname: &str, mtu: u32) -> Result<(), LinkError> {
             self.writes += 1;
@@ -344,13 +452,27 @@ pub(crate) mod tests {
     #[test]
     fn dcb_knobs_are_applied_and_read_back() {
         let mut dcb = FakeDcb::mlx5();
-        let mut link = FakeLink { mtu: 1500, writes: 0 };
+        let mut link = FakeLink {
+            mtu: 1500,
+            writes: 0,
+        };
         let desired = Desired::from_spec(&QosSpec::default());
-        let out = apply(&mut Kernel { dcb: &mut dcb, link: &mut link }, &files(), &desired);
+        let out = apply(
+            &mut Kernel {
+                dcb: &mut dcb,
+                link: &mut link,
+            },
+            &files(),
+            &desired,
+        );
         let get = |k| out.knobs.iter().find(|s| s.knob == k).unwrap().outcome;
         assert_eq!(get(Knob::Pfc), KnobOutcome::Applied);
         assert_eq!(get(Knob::DscpMap), KnobOutcome::Applied);
-        assert_eq!(get(Knob::Trust), KnobOutcome::Applied, "DSCP entries switch trust");
+        assert_eq!(
+            get(Knob::Trust),
+            KnobOutcome::Applied,
+            "DSCP entries switch trust"
+        );
         assert_eq!(get(Knob::Mtu), KnobOutcome::Applied);
         assert_eq!(get(Knob::EcnNotificationPoint), KnobOutcome::Unsupported);
         assert_eq!(dcb.pfc.unwrap().pfc_en, 0x08);
@@ -359,18 +481,48 @@ pub(crate) mod tests {
 
         // Second run: nothing written at all, everything DCB already correct.
         let (pfc_writes, app_writes) = (dcb.pfc_writes, dcb.app_writes);
-        let out = apply(&mut Kernel { dcb: &mut dcb, link: &mut link }, &files(), &desired);
-        assert_eq!((dcb.pfc_writes, dcb.app_writes, link.writes), (pfc_writes, app_writes, 1));
+        let out = apply(
+            &mut Kernel {
+                dcb: &mut dcb,
+                link: &mut link,
+            },
+            &files(),
+            &desired,
+        );
+        assert_eq!(
+            (dcb.pfc_writes, dcb.app_writes, link.writes),
+            (pfc_writes, app_writes, 1)
+        );
         assert!(out.applied().is_empty());
-        assert_eq!(out.knobs.iter().find(|s| s.knob == Knob::Pfc).unwrap().outcome, KnobOutcome::AlreadyCorrect);
+        assert_eq!(
+            out.knobs
+                .iter()
+                .find(|s| s.knob == Knob::Pfc)
+                .unwrap()
+                .outcome,
+            KnobOutcome::AlreadyCorrect
+        );
     }
 
     #[test]
     fn a_knob_that_reads_back_differently_is_failed_not_applied() {
-        let mut dcb = FakeDcb { ignore_pfc: true, ..FakeDcb::mlx5() };
-        let mut link = FakeLink { mtu: 4200, writes: 0 };
+        let mut dcb = FakeDcb {
+            ignore_pfc: true,
+            ..FakeDcb::mlx5()
+        };
+        let mut link = FakeLink {
+            mtu: 4200,
+            writes: 0,
+        };
         let desired = Desired::from_spec(&QosSpec::default());
-        let out = apply(&mut Kernel { dcb: &mut dcb, link: &mut link }, &files(), &desired);
+        let out = apply(
+            &mut Kernel {
+                dcb: &mut dcb,
+                link: &mut link,
+            },
+            &files(),
+            &desired,
+        );
         let pfc = out.knobs.iter().find(|s| s.knob == Knob::Pfc).unwrap();
         assert_eq!(pfc.outcome, KnobOutcome::Failed);
         assert_eq!(pfc.error.as_deref(), Some("wrote 3 but reads back none"));
@@ -381,15 +533,32 @@ pub(crate) mod tests {
     #[test]
     fn no_dcb_means_unsupported_never_applied() {
         let mut dcb = FakeDcb::default();
-        let mut link = FakeLink { mtu: 1500, writes: 0 };
+        let mut link = FakeLink {
+            mtu: 1500,
+            writes: 0,
+        };
         let desired = Desired::from_spec(&QosSpec::default());
         let f = files();
-        let out = apply(&mut Kernel { dcb: &mut dcb, link: &mut link }, &f, &desired);
+        let out = apply(
+            &mut Kernel {
+                dcb: &mut dcb,
+                link: &mut link,
+            },
+            &f,
+            &desired,
+        );
         assert_eq!(out.applied(), vec![Knob::Mtu]);
         for k in [Knob::Trust, Knob::DscpMap, Knob::Pfc] {
             let s = out.knobs.iter().find(|s| s.knob == k).unwrap();
             assert_eq!(s.outcome, KnobOutcome::Unsupported, "{k:?}");
-            assert!(s.error.as_deref().unwrap().contains("DCB is not supported on eth2"), "{:?}", s.error);
+            assert!(
+                s.error
+                    .as_deref()
+                    .unwrap()
+                    .contains("DCB is not supported on eth2"),
+                "{:?}",
+                s.error
+            );
             assert_eq!(s.mechanism, None);
         }
         let status = out.interface_status(&f, None);
@@ -401,9 +570,19 @@ pub(crate) mod tests {
     #[test]
     fn dry_run_writes_nothing_and_plans_what_would_change() {
         let mut dcb = FakeDcb::mlx5();
-        let mut link = FakeLink { mtu: 1500, writes: 0 };
+        let mut link = FakeLink {
+            mtu: 1500,
+            writes: 0,
+        };
         let desired = Desired::from_spec(&QosSpec::default());
-        let (_, p) = dry_run(&mut Kernel { dcb: &mut dcb, link: &mut link }, &files(), &desired);
+        let (_, p) = dry_run(
+            &mut Kernel {
+                dcb: &mut dcb,
+                link: &mut link,
+            },
+            &files(),
+            &desired,
+        );
         assert_eq!((dcb.pfc_writes, dcb.app_writes, link.writes), (0, 0, 0));
         assert_eq!(p.writes.len(), 3, "{:?}", p.writes);
         assert!(!p.holds());

@@ -60,8 +60,16 @@ pub mod dcbx {
             (VER_IEEE, "ieee"),
             (STATIC, "static"),
         ];
-        let parts: Vec<&str> = names.iter().filter(|(b, _)| mode & b != 0).map(|(_, n)| *n).collect();
-        if parts.is_empty() { "none".into() } else { parts.join(",") }
+        let parts: Vec<&str> = names
+            .iter()
+            .filter(|(b, _)| mode & b != 0)
+            .map(|(_, n)| *n)
+            .collect();
+        if parts.is_empty() {
+            "none".into()
+        } else {
+            parts.join(",")
+        }
     }
 }
 
@@ -113,7 +121,11 @@ impl IeeePfc {
     /// Parse the kernel struct (extra trailing bytes from a newer kernel are ignored).
     pub fn decode(b: &[u8]) -> Result<Self, Malformed> {
         if b.len() < Self::SIZE {
-            return Err(Malformed(format!("ieee_pfc is {} bytes, expected {}", b.len(), Self::SIZE)));
+            return Err(Malformed(format!(
+                "ieee_pfc is {} bytes, expected {}",
+                b.len(),
+                Self::SIZE
+            )));
         }
         let mut pfc = IeeePfc {
             pfc_cap: b[0],
@@ -154,7 +166,11 @@ impl DcbApp {
 
     /// A DSCP -> priority entry.
     pub fn dscp(dscp: u8, priority: u8) -> Self {
-        Self { selector: APP_SEL_DSCP, priority, protocol: u16::from(dscp) }
+        Self {
+            selector: APP_SEL_DSCP,
+            priority,
+            protocol: u16::from(dscp),
+        }
     }
 
     pub fn encode(&self) -> [u8; Self::SIZE] {
@@ -164,9 +180,17 @@ impl DcbApp {
 
     pub fn decode(b: &[u8]) -> Result<Self, Malformed> {
         if b.len() < Self::SIZE {
-            return Err(Malformed(format!("dcb_app is {} bytes, expected {}", b.len(), Self::SIZE)));
+            return Err(Malformed(format!(
+                "dcb_app is {} bytes, expected {}",
+                b.len(),
+                Self::SIZE
+            )));
         }
-        Ok(Self { selector: b[0], priority: b[1], protocol: read_u16(b, 2).unwrap_or(0) })
+        Ok(Self {
+            selector: b[0],
+            priority: b[1],
+            protocol: read_u16(b, 2).unwrap_or(0),
+        })
     }
 }
 
@@ -242,7 +266,9 @@ fn dcb_payload<'a>(msg: &'a [u8], want_type: u16) -> Result<(u8, Vec<Attr<'a>>),
 pub fn decode_ieee_get_reply(msg: &[u8]) -> Result<IeeeState, Malformed> {
     let (cmd, attrs) = dcb_payload(msg, RTM_GETDCB)?;
     if cmd != DCB_CMD_IEEE_GET {
-        return Err(Malformed(format!("expected an IEEE_GET reply, got DCB command {cmd}")));
+        return Err(Malformed(format!(
+            "expected an IEEE_GET reply, got DCB command {cmd}"
+        )));
     }
     let mut state = IeeeState {
         dcbx: find_attr(&attrs, DCB_ATTR_DCBX).map(Attr::u8).transpose()?,
@@ -270,7 +296,9 @@ pub fn decode_ieee_get_reply(msg: &[u8]) -> Result<IeeeState, Malformed> {
 pub fn decode_set_reply(msg: &[u8], cmd: u8) -> Result<i32, Malformed> {
     let (got, attrs) = dcb_payload(msg, RTM_SETDCB)?;
     if got != cmd {
-        return Err(Malformed(format!("expected a reply to DCB command {cmd}, got {got}")));
+        return Err(Malformed(format!(
+            "expected a reply to DCB command {cmd}, got {got}"
+        )));
     }
     let status = find_attr(&attrs, DCB_ATTR_IEEE)
         .ok_or_else(|| Malformed("set reply without DCB_ATTR_IEEE status".into()))?
@@ -324,12 +352,25 @@ impl<T: Transport> Dcbnl<T> {
         self.seq
     }
 
-    fn set(&mut self, op: &'static str, ifname: &str, cmd: u8, msg: Vec<u8>, seq: u32) -> Result<(), DcbError> {
-        let err = |source| DcbError { op, ifname: ifname.to_string(), source };
+    fn set(
+        &mut self,
+        op: &'static str,
+        ifname: &str,
+        cmd: u8,
+        msg: Vec<u8>,
+        seq: u32,
+    ) -> Result<(), DcbError> {
+        let err = |source| DcbError {
+            op,
+            ifname: ifname.to_string(),
+            source,
+        };
         let replies = netlink::exchange(&mut self.transport, seq, &msg).map_err(err)?;
-        let reply = replies
-            .first()
-            .ok_or_else(|| err(NetlinkError::Malformed(Malformed("no reply to a DCB set".into()))))?;
+        let reply = replies.first().ok_or_else(|| {
+            err(NetlinkError::Malformed(Malformed(
+                "no reply to a DCB set".into(),
+            )))
+        })?;
         match decode_set_reply(reply, cmd).map_err(|e| err(e.into()))? {
             0 => Ok(()),
             code => Err(err(NetlinkError::Errno(code))),
@@ -340,11 +381,18 @@ impl<T: Transport> Dcbnl<T> {
 impl<T: Transport> DcbOps for Dcbnl<T> {
     fn ieee_get(&mut self, ifname: &str) -> Result<IeeeState, DcbError> {
         let seq = self.next_seq();
-        let err = |source| DcbError { op: "IEEE_GET", ifname: ifname.to_string(), source };
-        let replies = netlink::exchange(&mut self.transport, seq, &encode_ieee_get(ifname, seq)).map_err(err)?;
-        let reply = replies
-            .first()
-            .ok_or_else(|| err(NetlinkError::Malformed(Malformed("no reply to IEEE_GET".into()))))?;
+        let err = |source| DcbError {
+            op: "IEEE_GET",
+            ifname: ifname.to_string(),
+            source,
+        };
+        let replies = netlink::exchange(&mut self.transport, seq, &encode_ieee_get(ifname, seq))
+            .map_err(err)?;
+        let reply = replies.first().ok_or_else(|| {
+            err(NetlinkError::Malformed(Malformed(
+                "no reply to IEEE_GET".into(),
+            )))
+        })?;
         decode_ieee_get_reply(reply).map_err(|e| err(e.into()))
     }
 
@@ -368,6 +416,7 @@ impl<T: Transport> DcbOps for Dcbnl<T> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)] // tests fail loudly on the unexpected
 pub(crate) mod tests {
     use super::*;
     use crate::qos::netlink::{NLMSG_HDRLEN, error_reply, read_u32};
@@ -376,7 +425,13 @@ pub(crate) mod tests {
 
     /// The IEEE_GET reply the kernel's `dcbnl_ieee_fill` builds: IFNAME, IEEE { PFC, APP_TABLE },
     /// DCBX.
-    pub(crate) fn ieee_get_reply(seq: u32, ifname: &str, pfc: Option<&IeeePfc>, apps: &[DcbApp], dcbx: u8) -> Vec<u8> {
+    pub(crate) fn ieee_get_reply(
+        seq: u32,
+        ifname: &str,
+        pfc: Option<&IeeePfc>,
+        apps: &[DcbApp],
+        dcbx: u8,
+    ) -> Vec<u8> {
         let mut b = MessageBuilder::new(RTM_GETDCB, 0, seq)
             .header(&dcbmsg(DCB_CMD_IEEE_GET))
             .attr(DCB_ATTR_IFNAME, &ifname_attr(ifname))
@@ -388,18 +443,30 @@ pub(crate) mod tests {
         for a in apps {
             b = b.attr(DCB_ATTR_IEEE_APP, &a.encode());
         }
-        b.end_nest().end_nest().attr(DCB_ATTR_DCBX, &[dcbx]).finish()
+        b.end_nest()
+            .end_nest()
+            .attr(DCB_ATTR_DCBX, &[dcbx])
+            .finish()
     }
 
     /// The reply `dcbnl_ieee_set`/`dcbnl_ieee_del` builds: `DCB_ATTR_IEEE` as a u8 errno.
     pub(crate) fn set_reply(seq: u32, cmd: u8, errno: i32) -> Vec<u8> {
         let status = (-errno) as i8 as u8;
-        MessageBuilder::new(RTM_SETDCB, 0, seq).header(&dcbmsg(cmd)).attr(DCB_ATTR_IEEE, &[status]).finish()
+        MessageBuilder::new(RTM_SETDCB, 0, seq)
+            .header(&dcbmsg(cmd))
+            .attr(DCB_ATTR_IEEE, &[status])
+            .finish()
     }
 
     #[test]
     fn ieee_pfc_is_136_bytes_with_pfc_en_at_1_requests_at_8_indications_at_72() {
-        let mut pfc = IeeePfc { pfc_cap: 8, pfc_en: 0x08, mbc: 0, delay: 0x1234, ..Default::default() };
+        let mut pfc = IeeePfc {
+            pfc_cap: 8,
+            pfc_en: 0x08,
+            mbc: 0,
+            delay: 0x1234,
+            ..Default::default()
+        };
         pfc.requests[0] = 0x0102_0304_0506_0708;
         pfc.requests[7] = 7;
         pfc.indications[0] = 0x1111;
@@ -412,7 +479,11 @@ pub(crate) mod tests {
         assert_eq!(b[3], 0, "padding @3");
         assert_eq!(&b[4..6], &0x1234u16.to_ne_bytes(), "delay @4");
         assert_eq!(&b[6..8], &[0, 0], "padding @6");
-        assert_eq!(&b[8..16], &0x0102_0304_0506_0708u64.to_ne_bytes(), "requests[0] @8");
+        assert_eq!(
+            &b[8..16],
+            &0x0102_0304_0506_0708u64.to_ne_bytes(),
+            "requests[0] @8"
+        );
         assert_eq!(&b[64..72], &7u64.to_ne_bytes(), "requests[7] @64");
         assert_eq!(&b[72..80], &0x1111u64.to_ne_bytes(), "indications[0] @72");
         assert_eq!(&b[96..104], &3u64.to_ne_bytes(), "indications[3] @96");
@@ -424,7 +495,13 @@ pub(crate) mod tests {
     #[cfg(target_endian = "little")]
     #[test]
     fn ieee_pfc_little_endian_bytes_are_exact() {
-        let pfc = IeeePfc { pfc_cap: 8, pfc_en: 0x28, mbc: 1, delay: 7, ..Default::default() };
+        let pfc = IeeePfc {
+            pfc_cap: 8,
+            pfc_en: 0x28,
+            mbc: 1,
+            delay: 7,
+            ..Default::default()
+        };
         let b = pfc.encode();
         assert_eq!(&b[..8], &[8, 0x28, 1, 0, 7, 0, 0, 0]);
         assert!(b[8..].iter().all(|x| *x == 0));
@@ -457,7 +534,11 @@ pub(crate) mod tests {
     #[cfg(target_endian = "little")]
     #[test]
     fn set_pfc_request_nests_ieee_pfc_in_dcb_attr_ieee() {
-        let pfc = IeeePfc { pfc_cap: 8, pfc_en: 0x08, ..Default::default() };
+        let pfc = IeeePfc {
+            pfc_cap: 8,
+            pfc_en: 0x08,
+            ..Default::default()
+        };
         let msg = encode_set_pfc("eth2", &pfc, 9);
         // 16 hdr + 4 dcbmsg + 12 ifname ("eth2\0" = 4 + 5 -> 12) + 4 nest + 4 + 136
         assert_eq!(msg.len(), 16 + 4 + 12 + 4 + 140);
@@ -466,15 +547,28 @@ pub(crate) mod tests {
         assert_eq!(&msg[16..20], &[0, 20, 0, 0], "dcbmsg IEEE_SET");
         assert_eq!(&msg[20..24], &[9, 0, 1, 0], "IFNAME len 9");
         assert_eq!(&msg[24..29], b"eth2\0");
-        assert_eq!(&msg[32..36], &[144, 0, 13, 0], "DCB_ATTR_IEEE nest, len 4 + 140");
-        assert_eq!(&msg[36..40], &[140, 0, 2, 0], "DCB_ATTR_IEEE_PFC len 4 + 136");
+        assert_eq!(
+            &msg[32..36],
+            &[144, 0, 13, 0],
+            "DCB_ATTR_IEEE nest, len 4 + 140"
+        );
+        assert_eq!(
+            &msg[36..40],
+            &[140, 0, 2, 0],
+            "DCB_ATTR_IEEE_PFC len 4 + 136"
+        );
         assert_eq!(&msg[40..176], &pfc.encode()[..]);
     }
 
     #[cfg(target_endian = "little")]
     #[test]
     fn app_requests_nest_entries_in_the_app_table() {
-        let msg = encode_app(DCB_CMD_IEEE_DEL, "eth2", &[DcbApp::dscp(26, 3), DcbApp::dscp(48, 6)], 1);
+        let msg = encode_app(
+            DCB_CMD_IEEE_DEL,
+            "eth2",
+            &[DcbApp::dscp(26, 3), DcbApp::dscp(48, 6)],
+            1,
+        );
         assert_eq!(&msg[16..20], &[0, 27, 0, 0], "dcbmsg IEEE_DEL");
         #[rustfmt::skip]
         let ieee: [u8; 24] = [
@@ -489,10 +583,22 @@ pub(crate) mod tests {
 
     #[test]
     fn ieee_get_reply_decodes_pfc_apps_and_dcbx() {
-        let mut pfc = IeeePfc { pfc_cap: 8, pfc_en: 0x08, ..Default::default() };
+        let mut pfc = IeeePfc {
+            pfc_cap: 8,
+            pfc_en: 0x08,
+            ..Default::default()
+        };
         pfc.requests[3] = 100;
         pfc.indications[3] = 200;
-        let apps = [DcbApp::dscp(26, 3), DcbApp::dscp(48, 6), DcbApp { selector: 1, priority: 4, protocol: 0x8915 }];
+        let apps = [
+            DcbApp::dscp(26, 3),
+            DcbApp::dscp(48, 6),
+            DcbApp {
+                selector: 1,
+                priority: 4,
+                protocol: 0x8915,
+            },
+        ];
         let reply = ieee_get_reply(3, "eth2", Some(&pfc), &apps, dcbx::HOST | dcbx::VER_IEEE);
         let state = decode_ieee_get_reply(&reply).unwrap();
         assert_eq!(state.pfc, Some(pfc));
@@ -511,18 +617,27 @@ pub(crate) mod tests {
 
     #[test]
     fn set_reply_errno_byte_is_a_negative_i8() {
-        assert_eq!(decode_set_reply(&set_reply(1, DCB_CMD_IEEE_SET, 0), DCB_CMD_IEEE_SET).unwrap(), 0);
+        assert_eq!(
+            decode_set_reply(&set_reply(1, DCB_CMD_IEEE_SET, 0), DCB_CMD_IEEE_SET).unwrap(),
+            0
+        );
         let r = set_reply(1, DCB_CMD_IEEE_SET, errno::EOPNOTSUPP);
         let m = parse_messages(&r).unwrap();
         // dcbmsg, then DCB_ATTR_IEEE (len 5) holding -95 as a byte: 0xa1.
         assert_eq!(&m[0].payload[4..9], &[5, 0, 13, 0, 0xa1]);
         assert_eq!(decode_set_reply(&r, DCB_CMD_IEEE_SET).unwrap(), 95);
-        assert!(decode_set_reply(&r, DCB_CMD_IEEE_DEL).is_err(), "command must match");
+        assert!(
+            decode_set_reply(&r, DCB_CMD_IEEE_DEL).is_err(),
+            "command must match"
+        );
     }
+
+    /// Builds the kernel's answer to a request.
+    pub(crate) type Answer = Box<dyn Fn(&[u8]) -> Vec<u8>>;
 
     /// A fake kernel: checks each request against what the test expects and answers it.
     pub(crate) struct FakeKernel {
-        pub script: VecDeque<(Vec<u8>, Box<dyn Fn(&[u8]) -> Vec<u8>>)>,
+        pub script: VecDeque<(Vec<u8>, Answer)>,
     }
 
     impl Transport for FakeKernel {
@@ -539,7 +654,7 @@ pub(crate) mod tests {
         let kernel = FakeKernel {
             script: VecDeque::from([(
                 encode_ieee_get("veth0", 1),
-                Box::new(|req: &[u8]| error_reply(req, errno::EOPNOTSUPP)) as Box<dyn Fn(&[u8]) -> Vec<u8>>,
+                Box::new(|req: &[u8]| error_reply(req, errno::EOPNOTSUPP)) as Answer,
             )]),
         };
         let mut dcb = Dcbnl::new(kernel);
@@ -551,17 +666,23 @@ pub(crate) mod tests {
 
     #[test]
     fn dcbnl_set_pfc_reads_the_status_byte() {
-        let pfc = IeeePfc { pfc_cap: 8, pfc_en: 0x08, ..Default::default() };
+        let pfc = IeeePfc {
+            pfc_cap: 8,
+            pfc_en: 0x08,
+            ..Default::default()
+        };
         let kernel = FakeKernel {
             script: VecDeque::from([
                 (
                     encode_set_pfc("eth2", &pfc, 1),
                     Box::new(|req: &[u8]| set_reply(read_u32(req, 8).unwrap(), DCB_CMD_IEEE_SET, 0))
-                        as Box<dyn Fn(&[u8]) -> Vec<u8>>,
+                        as Answer,
                 ),
                 (
                     encode_set_pfc("eth2", &pfc, 2),
-                    Box::new(|req: &[u8]| set_reply(read_u32(req, 8).unwrap(), DCB_CMD_IEEE_SET, errno::EINVAL)),
+                    Box::new(|req: &[u8]| {
+                        set_reply(read_u32(req, 8).unwrap(), DCB_CMD_IEEE_SET, errno::EINVAL)
+                    }),
                 ),
             ]),
         };

@@ -14,8 +14,8 @@ use std::fs;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
-use rocefabric_api::Trust;
 use rocefabric_api::Mechanism;
+use rocefabric_api::Trust;
 use rocefabric_api::nic_selector::normalize_pci_address;
 
 use super::Reading;
@@ -94,12 +94,27 @@ impl NetdevFiles {
             .and_then(|t| t.file_name().map(|n| n.to_string_lossy().into_owned()))
             .and_then(|n| normalize_pci_address(&n));
         let rdma = find_rdma_port(&net.join("device/infiniband"), netdev);
-        Self { roots: roots.clone(), netdev: netdev.to_string(), pci_address, rdma }
+        Self {
+            roots: roots.clone(),
+            netdev: netdev.to_string(),
+            pci_address,
+            rdma,
+        }
     }
 
     /// Build from what discovery already knows.
-    pub fn known(roots: &Roots, netdev: &str, pci_address: Option<String>, rdma: Option<RdmaPort>) -> Self {
-        Self { roots: roots.clone(), netdev: netdev.to_string(), pci_address, rdma }
+    pub fn known(
+        roots: &Roots,
+        netdev: &str,
+        pci_address: Option<String>,
+        rdma: Option<RdmaPort>,
+    ) -> Self {
+        Self {
+            roots: roots.clone(),
+            netdev: netdev.to_string(),
+            pci_address,
+            rdma,
+        }
     }
 
     fn net_dir(&self) -> PathBuf {
@@ -129,12 +144,18 @@ impl NetdevFiles {
 
     /// `<configfs>/rdma_cm/<ibdev>`.
     pub fn rdma_cm_dir(&self) -> Option<PathBuf> {
-        self.rdma.as_ref().map(|r| self.rdma_cm_root().join(&r.device))
+        self.rdma
+            .as_ref()
+            .map(|r| self.rdma_cm_root().join(&r.device))
     }
 
     fn rdma_cm_port_file(&self, name: &str) -> Option<PathBuf> {
         self.rdma.as_ref().map(|r| {
-            self.rdma_cm_root().join(&r.device).join("ports").join(r.port.to_string()).join(name)
+            self.rdma_cm_root()
+                .join(&r.device)
+                .join("ports")
+                .join(r.port.to_string())
+                .join(name)
         })
     }
 
@@ -147,7 +168,10 @@ impl NetdevFiles {
         Some(match read_text(&path) {
             Ok(text) => match parse_trust(&text) {
                 Some(t) => Reading::value(Mechanism::Sysfs, t),
-                None => Reading::failed(Mechanism::Sysfs, format!("{}: unrecognised trust {text:?}", path.display())),
+                None => Reading::failed(
+                    Mechanism::Sysfs,
+                    format!("{}: unrecognised trust {text:?}", path.display()),
+                ),
             },
             Err(e) => Reading::failed(Mechanism::Sysfs, e.to_string()),
         })
@@ -174,7 +198,10 @@ impl NetdevFiles {
                 Ok((Some(0), _)) => {}
                 Ok((Some(_), _)) => enabled.push(prio),
                 Ok((None, t)) => {
-                    return Reading::failed(Mechanism::Sysfs, format!("{}: not a number: {t:?}", path.display()));
+                    return Reading::failed(
+                        Mechanism::Sysfs,
+                        format!("{}: not a number: {t:?}", path.display()),
+                    );
                 }
                 Err(e) => return Reading::failed(Mechanism::Sysfs, e.to_string()),
             }
@@ -197,7 +224,11 @@ impl NetdevFiles {
         self.cnp_file("cnp_802p_prio", "np_cnp_prio")
     }
 
-    fn cnp_file(&self, sysfs_name: &str, debugfs_name: &str) -> Result<(Mechanism, PathBuf), String> {
+    fn cnp_file(
+        &self,
+        sysfs_name: &str,
+        debugfs_name: &str,
+    ) -> Result<(Mechanism, PathBuf), String> {
         let sys = self.net_dir().join("ecn/roce_np").join(sysfs_name);
         if sys.exists() {
             return Ok((Mechanism::Sysfs, sys));
@@ -224,7 +255,9 @@ impl NetdevFiles {
             Ok((mech, path)) => match read_text(&path) {
                 Ok(text) => match parse_number(&text).and_then(|n| u8::try_from(n).ok()) {
                     Some(v) => Reading::value(mech, v),
-                    None => Reading::failed(mech, format!("{}: not a number: {text:?}", path.display())),
+                    None => {
+                        Reading::failed(mech, format!("{}: not a number: {text:?}", path.display()))
+                    }
                 },
                 Err(e) => Reading::failed(mech, e.to_string()),
             },
@@ -242,7 +275,10 @@ impl NetdevFiles {
     /// Why configfs knobs cannot be set, if they cannot.
     fn configfs_unsupported(&self) -> Option<String> {
         if self.rdma.is_none() {
-            return Some(format!("{} has no RDMA device, so no rdma_cm settings", self.netdev));
+            return Some(format!(
+                "{} has no RDMA device, so no rdma_cm settings",
+                self.netdev
+            ));
         }
         let root = self.rdma_cm_root();
         if !root.is_dir() {
@@ -256,7 +292,9 @@ impl NetdevFiles {
 
     /// `default_roce_tos`; `Value(None)` when the rdma_cm entry of the device is not created yet.
     pub fn read_roce_tos(&self) -> Reading<ConfigfsValue<u8>> {
-        self.read_configfs("default_roce_tos", |t| parse_number(t).and_then(|n| u8::try_from(n).ok()))
+        self.read_configfs("default_roce_tos", |t| {
+            parse_number(t).and_then(|n| u8::try_from(n).ok())
+        })
     }
 
     /// `default_roce_mode` (`RoCE v2`, `IB/RoCE v1`).
@@ -264,7 +302,11 @@ impl NetdevFiles {
         self.read_configfs("default_roce_mode", |t| Some(t.trim().to_string()))
     }
 
-    fn read_configfs<T>(&self, name: &str, parse: impl Fn(&str) -> Option<T>) -> Reading<ConfigfsValue<T>> {
+    fn read_configfs<T>(
+        &self,
+        name: &str,
+        parse: impl Fn(&str) -> Option<T>,
+    ) -> Reading<ConfigfsValue<T>> {
         if let Some(reason) = self.configfs_unsupported() {
             return Reading::unsupported(reason);
         }
@@ -277,7 +319,10 @@ impl NetdevFiles {
         match read_text(&path) {
             Ok(text) => match parse(&text) {
                 Some(v) => Reading::value(Mechanism::Configfs, Some(v)),
-                None => Reading::failed(Mechanism::Configfs, format!("{}: unparsable {text:?}", path.display())),
+                None => Reading::failed(
+                    Mechanism::Configfs,
+                    format!("{}: unparsable {text:?}", path.display()),
+                ),
             },
             Err(e) => Reading::failed(Mechanism::Configfs, e.to_string()),
         }
@@ -295,7 +340,11 @@ impl NetdevFiles {
         if dir.is_dir() {
             return Ok(false);
         }
-        fs::create_dir(&dir).map_err(|source| FileError { op: "mkdir", path: dir, source })?;
+        fs::create_dir(&dir).map_err(|source| FileError {
+            op: "mkdir",
+            path: dir,
+            source,
+        })?;
         Ok(true)
     }
 
@@ -309,7 +358,9 @@ impl NetdevFiles {
 
     fn write_configfs(&self, name: &str, value: &str) -> Result<(), FileError> {
         self.ensure_rdma_cm_dir()?;
-        let path = self.rdma_cm_port_file(name).unwrap_or_else(|| self.rdma_cm_root().join(name));
+        let path = self
+            .rdma_cm_port_file(name)
+            .unwrap_or_else(|| self.rdma_cm_root().join(name));
         write_attr(&path, value)
     }
 
@@ -348,27 +399,51 @@ fn find_rdma_port(infiniband_dir: &Path, netdev: &str) -> Option<RdmaPort> {
         ports.sort_unstable();
         for port in &ports {
             let ndevs = ports_dir.join(port.to_string()).join("gid_attrs/ndevs");
-            let names = fs::read_dir(&ndevs).into_iter().flatten().filter_map(Result::ok);
+            let names = fs::read_dir(&ndevs)
+                .into_iter()
+                .flatten()
+                .filter_map(Result::ok);
             // Unused GID indexes fail to read (EINVAL): skip them.
-            if names.filter_map(|e| fs::read_to_string(e.path()).ok()).any(|n| n.trim() == netdev) {
-                return Some(RdmaPort { device: device.clone(), port: *port });
+            if names
+                .filter_map(|e| fs::read_to_string(e.path()).ok())
+                .any(|n| n.trim() == netdev)
+            {
+                return Some(RdmaPort {
+                    device: device.clone(),
+                    port: *port,
+                });
             }
         }
     }
     match devices.as_slice() {
-        [only] => Some(RdmaPort { device: only.clone(), port: 1 }),
+        [only] => Some(RdmaPort {
+            device: only.clone(),
+            port: 1,
+        }),
         _ => None,
     }
 }
 
 fn read_text(path: &Path) -> Result<String, FileError> {
-    fs::read_to_string(path).map_err(|source| FileError { op: "read", path: path.to_path_buf(), source })
+    fs::read_to_string(path).map_err(|source| FileError {
+        op: "read",
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// Write a sysfs/configfs attribute as `echo VALUE > FILE` does (with a newline), never creating it.
 pub fn write_attr(path: &Path, value: &str) -> Result<(), FileError> {
-    let err = |source| FileError { op: "write", path: path.to_path_buf(), source };
-    let mut f = fs::OpenOptions::new().write(true).open(path).map_err(err)?;
+    let err = |source| FileError {
+        op: "write",
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(path)
+        .map_err(err)?;
     f.write_all(format!("{value}\n").as_bytes()).map_err(err)
 }
 
@@ -376,7 +451,9 @@ pub fn write_attr(path: &Path, value: &str) -> Result<(), FileError> {
 pub fn parse_number(text: &str) -> Option<u32> {
     let t = text.trim();
     let end = t.rfind(|c: char| c.is_ascii_digit())? + 1;
-    let start = t[..end].rfind(|c: char| !c.is_ascii_digit()).map_or(0, |i| i + 1);
+    let start = t[..end]
+        .rfind(|c: char| !c.is_ascii_digit())
+        .map_or(0, |i| i + 1);
     t[start..end].parse().ok()
 }
 
@@ -391,6 +468,7 @@ pub fn parse_trust(text: &str) -> Option<Trust> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)] // tests fail loudly on the unexpected
 mod tests {
     use super::*;
 

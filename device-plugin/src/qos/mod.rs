@@ -12,9 +12,14 @@
 //! - [`agent`]: the Kubernetes shell that applies a `RoceNode` and writes its status;
 //! - [`gate`]: the device plugin's view of which netdevs are lossless.
 
+pub mod agent;
 pub mod apply;
+pub mod counters;
 pub mod dcbnl;
 pub mod driver_files;
+#[cfg(test)]
+mod fixture_tests;
+pub mod gate;
 pub mod netlink;
 pub mod plan;
 pub mod rtnl;
@@ -36,11 +41,16 @@ impl<T> Reading<T> {
     }
 
     pub fn unsupported(reason: impl Into<String>) -> Self {
-        Reading::Unsupported { reason: reason.into() }
+        Reading::Unsupported {
+            reason: reason.into(),
+        }
     }
 
     pub fn failed(mechanism: Mechanism, error: impl Into<String>) -> Self {
-        Reading::Failed { mechanism, error: error.into() }
+        Reading::Failed {
+            mechanism,
+            error: error.into(),
+        }
     }
 
     /// The value, when it was read.
@@ -54,7 +64,9 @@ impl<T> Reading<T> {
     /// The mechanism, when one exists on this device.
     pub fn mechanism(&self) -> Option<Mechanism> {
         match self {
-            Reading::Value { mechanism, .. } | Reading::Failed { mechanism, .. } => Some(*mechanism),
+            Reading::Value { mechanism, .. } | Reading::Failed { mechanism, .. } => {
+                Some(*mechanism)
+            }
             Reading::Unsupported { .. } => None,
         }
     }
@@ -62,7 +74,10 @@ impl<T> Reading<T> {
     /// Transform the value, keeping the mechanism.
     pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Reading<U> {
         match self {
-            Reading::Value { mechanism, value } => Reading::Value { mechanism, value: f(value) },
+            Reading::Value { mechanism, value } => Reading::Value {
+                mechanism,
+                value: f(value),
+            },
             Reading::Unsupported { reason } => Reading::Unsupported { reason },
             Reading::Failed { mechanism, error } => Reading::Failed { mechanism, error },
         }
@@ -71,9 +86,17 @@ impl<T> Reading<T> {
     /// Borrowing [`Reading::map`].
     pub fn as_ref(&self) -> Reading<&T> {
         match self {
-            Reading::Value { mechanism, value } => Reading::Value { mechanism: *mechanism, value },
-            Reading::Unsupported { reason } => Reading::Unsupported { reason: reason.clone() },
-            Reading::Failed { mechanism, error } => Reading::Failed { mechanism: *mechanism, error: error.clone() },
+            Reading::Value { mechanism, value } => Reading::Value {
+                mechanism: *mechanism,
+                value,
+            },
+            Reading::Unsupported { reason } => Reading::Unsupported {
+                reason: reason.clone(),
+            },
+            Reading::Failed { mechanism, error } => Reading::Failed {
+                mechanism: *mechanism,
+                error: error.clone(),
+            },
         }
     }
 }
@@ -83,6 +106,10 @@ pub fn priority_list(prios: &[u8]) -> String {
     if prios.is_empty() {
         "none".into()
     } else {
-        prios.iter().map(u8::to_string).collect::<Vec<_>>().join(",")
+        prios
+            .iter()
+            .map(u8::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
     }
 }

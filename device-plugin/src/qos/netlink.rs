@@ -68,7 +68,10 @@ impl MessageBuilder {
         buf.extend_from_slice(&flags.to_ne_bytes());
         buf.extend_from_slice(&seq.to_ne_bytes());
         buf.extend_from_slice(&0u32.to_ne_bytes()); // nlmsg_pid
-        Self { buf, nests: Vec::new() }
+        Self {
+            buf,
+            nests: Vec::new(),
+        }
     }
 
     /// Append the family header (`struct dcbmsg`, `struct ifinfomsg`), padded to 4 bytes.
@@ -111,7 +114,9 @@ impl MessageBuilder {
         while !self.nests.is_empty() {
             self = self.end_nest();
         }
-        let len = u32::try_from(self.buf.len()).unwrap_or(u32::MAX).to_ne_bytes();
+        let len = u32::try_from(self.buf.len())
+            .unwrap_or(u32::MAX)
+            .to_ne_bytes();
         self.buf[0..4].copy_from_slice(&len);
         self.buf
     }
@@ -155,7 +160,10 @@ pub fn parse_messages(mut buf: &[u8]) -> Result<Vec<Message<'_>>, Malformed> {
     while buf.len() >= NLMSG_HDRLEN {
         let len = read_u32(buf, 0).unwrap_or(0) as usize;
         if len < NLMSG_HDRLEN || len > buf.len() {
-            return Err(Malformed(format!("message length {len} with {} bytes left", buf.len())));
+            return Err(Malformed(format!(
+                "message length {len} with {} bytes left",
+                buf.len()
+            )));
         }
         out.push(Message {
             msg_type: read_u16(buf, 4).unwrap_or(0),
@@ -167,7 +175,10 @@ pub fn parse_messages(mut buf: &[u8]) -> Result<Vec<Message<'_>>, Malformed> {
         buf = &buf[align4(len).min(buf.len())..];
     }
     if !buf.is_empty() {
-        return Err(Malformed(format!("{} trailing bytes after the last message", buf.len())));
+        return Err(Malformed(format!(
+            "{} trailing bytes after the last message",
+            buf.len()
+        )));
     }
     Ok(out)
 }
@@ -197,7 +208,11 @@ impl<'a> Attr<'a> {
 
     /// The payload as a NUL-terminated string.
     pub fn string(&self) -> Result<String, Malformed> {
-        let end = self.payload.iter().position(|b| *b == 0).unwrap_or(self.payload.len());
+        let end = self
+            .payload
+            .iter()
+            .position(|b| *b == 0)
+            .unwrap_or(self.payload.len());
         String::from_utf8(self.payload[..end].to_vec())
             .map_err(|_| Malformed(format!("attribute {} is not UTF-8", self.kind)))
     }
@@ -214,7 +229,10 @@ pub fn parse_attrs(mut buf: &[u8]) -> Result<Vec<Attr<'_>>, Malformed> {
     while buf.len() >= NLA_HDRLEN {
         let len = read_u16(buf, 0).unwrap_or(0) as usize;
         if len < NLA_HDRLEN || len > buf.len() {
-            return Err(Malformed(format!("attribute length {len} with {} bytes left", buf.len())));
+            return Err(Malformed(format!(
+                "attribute length {len} with {} bytes left",
+                buf.len()
+            )));
         }
         let raw = read_u16(buf, 2).unwrap_or(0);
         out.push(Attr {
@@ -233,11 +251,13 @@ pub fn find_attr<'a, 'b>(attrs: &'b [Attr<'a>], kind: u16) -> Option<&'b Attr<'a
 }
 
 pub(crate) fn read_u16(buf: &[u8], at: usize) -> Option<u16> {
-    buf.get(at..at + 2).map(|b| u16::from_ne_bytes([b[0], b[1]]))
+    buf.get(at..at + 2)
+        .map(|b| u16::from_ne_bytes([b[0], b[1]]))
 }
 
 pub(crate) fn read_u32(buf: &[u8], at: usize) -> Option<u32> {
-    buf.get(at..at + 4).map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+    buf.get(at..at + 4)
+        .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
 }
 
 pub(crate) fn read_i32(buf: &[u8], at: usize) -> Option<i32> {
@@ -302,7 +322,10 @@ impl Transport for RouteSocket {
                     continue;
                 }
                 out.push(raw);
-                if m.msg_type == NLMSG_ERROR || m.msg_type == NLMSG_DONE || m.flags & NLM_F_MULTI == 0 {
+                if m.msg_type == NLMSG_ERROR
+                    || m.msg_type == NLMSG_DONE
+                    || m.flags & NLM_F_MULTI == 0
+                {
                     complete = true;
                 }
             }
@@ -363,7 +386,11 @@ pub fn errno_name(code: i32) -> String {
 
 /// Send `request` and return the reply messages (raw bytes), turning an `NLMSG_ERROR` with a
 /// non-zero code into [`NetlinkError::Errno`]. An acknowledgement (code 0) is dropped.
-pub fn exchange(transport: &mut dyn Transport, seq: u32, request: &[u8]) -> Result<Vec<Vec<u8>>, NetlinkError> {
+pub fn exchange(
+    transport: &mut dyn Transport,
+    seq: u32,
+    request: &[u8],
+) -> Result<Vec<Vec<u8>>, NetlinkError> {
     let replies = transport.request(seq, request)?;
     let mut out = Vec::new();
     for raw in replies {
@@ -386,16 +413,21 @@ pub fn error_reply(request: &[u8], errno: i32) -> Vec<u8> {
     let seq = read_u32(request, 8).unwrap_or(0);
     let mut payload = (-errno).to_ne_bytes().to_vec();
     payload.extend_from_slice(request.get(..NLMSG_HDRLEN).unwrap_or(&[0u8; NLMSG_HDRLEN]));
-    MessageBuilder::new(NLMSG_ERROR, 0, seq).header(&payload).finish()
+    MessageBuilder::new(NLMSG_ERROR, 0, seq)
+        .header(&payload)
+        .finish()
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)] // tests fail loudly on the unexpected
 mod tests {
     use super::*;
 
     #[test]
     fn header_is_sixteen_bytes_with_length_type_flags_seq_pid() {
-        let msg = MessageBuilder::new(78, NLM_F_REQUEST, 7).header(&[0, 21, 0, 0]).finish();
+        let msg = MessageBuilder::new(78, NLM_F_REQUEST, 7)
+            .header(&[0, 21, 0, 0])
+            .finish();
         assert_eq!(msg.len(), 20);
         assert_eq!(&msg[0..4], &20u32.to_ne_bytes());
         assert_eq!(&msg[4..6], &78u16.to_ne_bytes());
@@ -406,7 +438,10 @@ mod tests {
 
     #[test]
     fn attributes_are_padded_to_four_bytes_and_length_excludes_padding() {
-        let msg = MessageBuilder::new(1, 0, 0).attr(1, b"veth0\0").attr(2, &[9]).finish();
+        let msg = MessageBuilder::new(1, 0, 0)
+            .attr(1, b"veth0\0")
+            .attr(2, &[9])
+            .finish();
         // attr 1: 4 + 6 = 10 bytes, padded to 12; attr 2: 4 + 1 = 5, padded to 8.
         assert_eq!(msg.len(), 16 + 12 + 8);
         assert_eq!(&msg[16..18], &10u16.to_ne_bytes());
@@ -450,7 +485,9 @@ mod tests {
 
     #[test]
     fn error_reply_round_trips_to_errno() {
-        let req = MessageBuilder::new(78, NLM_F_REQUEST, 42).header(&[0, 21, 0, 0]).finish();
+        let req = MessageBuilder::new(78, NLM_F_REQUEST, 42)
+            .header(&[0, 21, 0, 0])
+            .finish();
         let reply = error_reply(&req, errno::EOPNOTSUPP);
         let msgs = parse_messages(&reply).unwrap();
         assert_eq!(msgs[0].msg_type, NLMSG_ERROR);

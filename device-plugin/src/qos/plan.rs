@@ -46,7 +46,10 @@ impl Desired {
     pub fn from_spec(q: &QosSpec) -> Self {
         let dscp_map = match q.trust {
             Trust::Dscp => {
-                let mut m = vec![DcbApp::dscp(q.roce_dscp, q.roce_priority), DcbApp::dscp(q.cnp.dscp, q.cnp.priority)];
+                let mut m = vec![
+                    DcbApp::dscp(q.roce_dscp, q.roce_priority),
+                    DcbApp::dscp(q.cnp.dscp, q.cnp.priority),
+                ];
                 m.sort_by_key(|a| a.protocol);
                 m.dedup_by_key(|a| a.protocol);
                 m
@@ -142,9 +145,19 @@ pub enum Write {
     /// DCB `IEEE_SET` of PFC (the observed struct with a new `pfc_en`).
     Pfc(IeeePfc),
     /// One per-priority ECN enable file.
-    Ecn { point: EcnPoint, priority: u8, enabled: bool },
-    CnpDscp { mechanism: Mechanism, value: u8 },
-    CnpPriority { mechanism: Mechanism, value: u8 },
+    Ecn {
+        point: EcnPoint,
+        priority: u8,
+        enabled: bool,
+    },
+    CnpDscp {
+        mechanism: Mechanism,
+        value: u8,
+    },
+    CnpPriority {
+        mechanism: Mechanism,
+        value: u8,
+    },
     /// `default_roce_mode` (after `mkdir` of the rdma_cm entry if needed).
     RoceMode(String),
     /// `default_roce_tos` (after `mkdir` of the rdma_cm entry if needed).
@@ -166,7 +179,10 @@ impl Write {
 }
 
 fn apps_text(apps: &[DcbApp]) -> String {
-    apps.iter().map(|a| format!("{}:{}", a.protocol, a.priority)).collect::<Vec<_>>().join(",")
+    apps.iter()
+        .map(|a| format!("{}:{}", a.protocol, a.priority))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 impl fmt::Display for Write {
@@ -175,8 +191,17 @@ impl fmt::Display for Write {
             Write::Trust(t) => write!(f, "sysfs qos/trust <- {t}"),
             Write::AddApps(a) => write!(f, "dcb app add dscp-prio {}", apps_text(a)),
             Write::DelApps(a) => write!(f, "dcb app del dscp-prio {}", apps_text(a)),
-            Write::Pfc(p) => write!(f, "dcb pfc set prio-pfc {} (pfc_en 0x{:02x})", priority_list(&p.enabled_priorities()), p.pfc_en),
-            Write::Ecn { point, priority, enabled } => write!(
+            Write::Pfc(p) => write!(
+                f,
+                "dcb pfc set prio-pfc {} (pfc_en 0x{:02x})",
+                priority_list(&p.enabled_priorities()),
+                p.pfc_en
+            ),
+            Write::Ecn {
+                point,
+                priority,
+                enabled,
+            } => write!(
                 f,
                 "sysfs ecn/{}/enable/{priority} <- {}",
                 match point {
@@ -271,17 +296,30 @@ pub fn plan(desired: &Desired, observed: &Observed) -> Plan {
     ) -> (Option<Mechanism>, Option<String>, Action) {
         match reading {
             Reading::Value { mechanism, value } => {
-                let action = if holds(value) { Action::Keep } else { Action::Change };
+                let action = if holds(value) {
+                    Action::Keep
+                } else {
+                    Action::Change
+                };
                 (Some(*mechanism), Some(show(value)), action)
             }
             Reading::Unsupported { reason } => (None, None, Action::Unsupported(reason.clone())),
-            Reading::Failed { mechanism, error } => (Some(*mechanism), None, Action::ReadFailed(error.clone())),
+            Reading::Failed { mechanism, error } => {
+                (Some(*mechanism), None, Action::ReadFailed(error.clone()))
+            }
         }
     }
-    let mut push = |knob: Knob, desired_text: String, judged: (Option<Mechanism>, Option<String>, Action)| {
-        let (mechanism, observed, action) = judged;
-        knobs.push(KnobPlan { knob, mechanism, desired: desired_text, observed, action });
-    };
+    let mut push =
+        |knob: Knob, desired_text: String, judged: (Option<Mechanism>, Option<String>, Action)| {
+            let (mechanism, observed, action) = judged;
+            knobs.push(KnobPlan {
+                knob,
+                mechanism,
+                desired: desired_text,
+                observed,
+                action,
+            });
+        };
 
     // 1. Trust.
     let trust = judge(&observed.trust, |t| t.to_string(), |t| *t == desired.trust);
@@ -290,12 +328,22 @@ pub fn plan(desired: &Desired, observed: &Observed) -> Plan {
     push(Knob::Trust, desired.trust.to_string(), trust);
     if trust_changes {
         match trust_mech {
-            Some(Mechanism::Sysfs) => writes.push(PlannedWrite { knobs: vec![Knob::Trust], write: Write::Trust(desired.trust) }),
+            Some(Mechanism::Sysfs) => writes.push(PlannedWrite {
+                knobs: vec![Knob::Trust],
+                write: Write::Trust(desired.trust),
+            }),
             // DCB: PCP trust means no DSCP APP entries; DSCP trust comes with the DSCP map below.
             _ if desired.trust == Trust::Pcp => {
                 if let Some(app) = observed.app.get() {
-                    let dscp: Vec<DcbApp> = app.iter().filter(|a| a.selector == APP_SEL_DSCP).copied().collect();
-                    writes.push(PlannedWrite { knobs: vec![Knob::Trust], write: Write::DelApps(dscp) });
+                    let dscp: Vec<DcbApp> = app
+                        .iter()
+                        .filter(|a| a.selector == APP_SEL_DSCP)
+                        .copied()
+                        .collect();
+                    writes.push(PlannedWrite {
+                        knobs: vec![Knob::Trust],
+                        write: Write::DelApps(dscp),
+                    });
                 }
             }
             _ => {}
@@ -305,16 +353,28 @@ pub fn plan(desired: &Desired, observed: &Observed) -> Plan {
     // 2. DSCP map.
     if !desired.dscp_map.is_empty() {
         let wanted = &desired.dscp_map;
-        let holds = |app: &Vec<DcbApp>| wanted.iter().all(|w| dscp_priorities(app, w.protocol) == [w.priority]);
+        let holds = |app: &Vec<DcbApp>| {
+            wanted
+                .iter()
+                .all(|w| dscp_priorities(app, w.protocol) == [w.priority])
+        };
         let judged = judge(&observed.app, |app| dscp_map_text(app, wanted), holds);
         let changes = judged.2 == Action::Change;
         push(Knob::DscpMap, apps_text(wanted), judged);
         if changes && let Some(app) = observed.app.get() {
-            let add: Vec<DcbApp> = wanted.iter().filter(|w| !app.contains(w)).copied().collect();
+            let add: Vec<DcbApp> = wanted
+                .iter()
+                .filter(|w| !app.contains(w))
+                .copied()
+                .collect();
             let del: Vec<DcbApp> = app
                 .iter()
                 .filter(|a| a.selector == APP_SEL_DSCP)
-                .filter(|a| wanted.iter().any(|w| w.protocol == a.protocol && w.priority != a.priority))
+                .filter(|a| {
+                    wanted
+                        .iter()
+                        .any(|w| w.protocol == a.protocol && w.priority != a.priority)
+                })
                 .copied()
                 .collect();
             // With DCB-implied trust, the adds are what switches the port to DSCP trust.
@@ -323,10 +383,16 @@ pub fn plan(desired: &Desired, observed: &Observed) -> Plan {
                 add_knobs.push(Knob::Trust);
             }
             if !add.is_empty() {
-                writes.push(PlannedWrite { knobs: add_knobs, write: Write::AddApps(add) });
+                writes.push(PlannedWrite {
+                    knobs: add_knobs,
+                    write: Write::AddApps(add),
+                });
             }
             if !del.is_empty() {
-                writes.push(PlannedWrite { knobs: vec![Knob::DscpMap], write: Write::DelApps(del) });
+                writes.push(PlannedWrite {
+                    knobs: vec![Knob::DscpMap],
+                    write: Write::DelApps(del),
+                });
             }
         }
     }
@@ -337,30 +403,49 @@ pub fn plan(desired: &Desired, observed: &Observed) -> Plan {
         |p| priority_list(&p.enabled_priorities()),
         |p| p.pfc_en == desired.pfc_en,
     );
-    if pfc.2 == Action::Change && let Some(current) = observed.pfc.get() {
+    if pfc.2 == Action::Change
+        && let Some(current) = observed.pfc.get()
+    {
         let new = IeeePfc {
             pfc_en: desired.pfc_en,
             requests: [0; 8],
             indications: [0; 8],
             ..*current
         };
-        writes.push(PlannedWrite { knobs: vec![Knob::Pfc], write: Write::Pfc(new) });
+        writes.push(PlannedWrite {
+            knobs: vec![Knob::Pfc],
+            write: Write::Pfc(new),
+        });
     }
-    push(Knob::Pfc, priority_list(&bits_to_priorities(desired.pfc_en)), pfc);
+    push(
+        Knob::Pfc,
+        priority_list(&bits_to_priorities(desired.pfc_en)),
+        pfc,
+    );
 
     // 4. ECN, per priority, only the files that differ.
     for (knob, point, reading) in [
-        (Knob::EcnNotificationPoint, EcnPoint::Notification, &observed.ecn_np),
+        (
+            Knob::EcnNotificationPoint,
+            EcnPoint::Notification,
+            &observed.ecn_np,
+        ),
         (Knob::EcnReactionPoint, EcnPoint::Reaction, &observed.ecn_rp),
     ] {
         let judged = judge(reading, |v| priority_list(v), |v| *v == desired.ecn);
-        if judged.2 == Action::Change && let Some(current) = reading.get() {
+        if judged.2 == Action::Change
+            && let Some(current) = reading.get()
+        {
             for prio in 0u8..8 {
                 let want = desired.ecn.contains(&prio);
                 if current.contains(&prio) != want {
                     writes.push(PlannedWrite {
                         knobs: vec![knob],
-                        write: Write::Ecn { point, priority: prio, enabled: want },
+                        write: Write::Ecn {
+                            point,
+                            priority: prio,
+                            enabled: want,
+                        },
                     });
                 }
             }
@@ -371,15 +456,30 @@ pub fn plan(desired: &Desired, observed: &Observed) -> Plan {
     // 5. CNP DSCP and priority.
     for (knob, reading, want) in [
         (Knob::CnpDscp, &observed.cnp_dscp, desired.cnp_dscp),
-        (Knob::CnpPriority, &observed.cnp_priority, desired.cnp_priority),
+        (
+            Knob::CnpPriority,
+            &observed.cnp_priority,
+            desired.cnp_priority,
+        ),
     ] {
         let judged = judge(reading, |v| v.to_string(), |v| *v == want);
-        if judged.2 == Action::Change && let Some(mechanism) = judged.0 {
+        if judged.2 == Action::Change
+            && let Some(mechanism) = judged.0
+        {
             let write = match knob {
-                Knob::CnpDscp => Write::CnpDscp { mechanism, value: want },
-                _ => Write::CnpPriority { mechanism, value: want },
+                Knob::CnpDscp => Write::CnpDscp {
+                    mechanism,
+                    value: want,
+                },
+                _ => Write::CnpPriority {
+                    mechanism,
+                    value: want,
+                },
             };
-            writes.push(PlannedWrite { knobs: vec![knob], write });
+            writes.push(PlannedWrite {
+                knobs: vec![knob],
+                write,
+            });
         }
         push(knob, want.to_string(), judged);
     }
@@ -397,10 +497,16 @@ pub fn plan(desired: &Desired, observed: &Observed) -> Plan {
         |v| v.as_deref() == Some(desired.roce_mode.as_str()),
     );
     if mode.2 == Action::Change {
-        writes.push(PlannedWrite { knobs: vec![Knob::RoceMode], write: Write::RoceMode(desired.roce_mode.clone()) });
+        writes.push(PlannedWrite {
+            knobs: vec![Knob::RoceMode],
+            write: Write::RoceMode(desired.roce_mode.clone()),
+        });
     }
     if tos.2 == Action::Change {
-        writes.push(PlannedWrite { knobs: vec![Knob::RoceTos], write: Write::RoceTos(desired.roce_tos) });
+        writes.push(PlannedWrite {
+            knobs: vec![Knob::RoceTos],
+            write: Write::RoceTos(desired.roce_tos),
+        });
     }
     push(Knob::RoceTos, desired.roce_tos.to_string(), tos);
     push(Knob::RoceMode, desired.roce_mode.clone(), mode);
@@ -408,17 +514,26 @@ pub fn plan(desired: &Desired, observed: &Observed) -> Plan {
     // 7. MTU.
     let mtu = judge(&observed.mtu, |v| v.to_string(), |v| *v == desired.mtu);
     if mtu.2 == Action::Change {
-        writes.push(PlannedWrite { knobs: vec![Knob::Mtu], write: Write::Mtu(desired.mtu) });
+        writes.push(PlannedWrite {
+            knobs: vec![Knob::Mtu],
+            write: Write::Mtu(desired.mtu),
+        });
     }
     push(Knob::Mtu, desired.mtu.to_string(), mtu);
 
     // Report in the order of `Desired::knobs`.
     let order = desired.knobs();
-    knobs.sort_by_key(|k| order.iter().position(|o| *o == k.knob).unwrap_or(usize::MAX));
+    knobs.sort_by_key(|k| {
+        order
+            .iter()
+            .position(|o| *o == k.knob)
+            .unwrap_or(usize::MAX)
+    });
     Plan { knobs, writes }
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)] // tests fail loudly on the unexpected
 mod tests {
     use super::*;
     use rocefabric_api::{CnpSpec, EcnSpec};
@@ -432,7 +547,14 @@ mod tests {
         Observed {
             trust: Reading::value(Mechanism::Sysfs, Trust::Dscp),
             app: Reading::value(Mechanism::DcbNetlink, d.dscp_map.clone()),
-            pfc: Reading::value(Mechanism::DcbNetlink, IeeePfc { pfc_cap: 8, pfc_en: d.pfc_en, ..Default::default() }),
+            pfc: Reading::value(
+                Mechanism::DcbNetlink,
+                IeeePfc {
+                    pfc_cap: 8,
+                    pfc_en: d.pfc_en,
+                    ..Default::default()
+                },
+            ),
             ecn_np: Reading::value(Mechanism::Sysfs, d.ecn.clone()),
             ecn_rp: Reading::value(Mechanism::Sysfs, d.ecn.clone()),
             cnp_dscp: Reading::value(Mechanism::Sysfs, d.cnp_dscp),
@@ -469,7 +591,13 @@ mod tests {
     fn equal_pfc_is_never_rewritten_even_when_counters_and_other_fields_differ() {
         let d = Desired::from_spec(&spec());
         let mut o = correct(&d);
-        let mut pfc = IeeePfc { pfc_cap: 8, pfc_en: 0x08, mbc: 1, delay: 100, ..Default::default() };
+        let mut pfc = IeeePfc {
+            pfc_cap: 8,
+            pfc_en: 0x08,
+            mbc: 1,
+            delay: 100,
+            ..Default::default()
+        };
         pfc.requests[3] = 99;
         o.pfc = Reading::value(Mechanism::DcbNetlink, pfc);
         let p = plan(&d, &o);
@@ -481,7 +609,13 @@ mod tests {
     fn pfc_change_keeps_cap_mbc_and_delay_and_zeroes_counters() {
         let d = Desired::from_spec(&spec());
         let mut o = correct(&d);
-        let mut pfc = IeeePfc { pfc_cap: 8, pfc_en: 0x00, mbc: 0, delay: 7, ..Default::default() };
+        let mut pfc = IeeePfc {
+            pfc_cap: 8,
+            pfc_en: 0x00,
+            mbc: 0,
+            delay: 7,
+            ..Default::default()
+        };
         pfc.indications[0] = 5;
         o.pfc = Reading::value(Mechanism::DcbNetlink, pfc);
         let p = plan(&d, &o);
@@ -489,11 +623,20 @@ mod tests {
             p.writes,
             vec![PlannedWrite {
                 knobs: vec![Knob::Pfc],
-                write: Write::Pfc(IeeePfc { pfc_cap: 8, pfc_en: 0x08, mbc: 0, delay: 7, ..Default::default() })
+                write: Write::Pfc(IeeePfc {
+                    pfc_cap: 8,
+                    pfc_en: 0x08,
+                    mbc: 0,
+                    delay: 7,
+                    ..Default::default()
+                })
             }]
         );
         let k = p.knob(Knob::Pfc).unwrap();
-        assert_eq!((k.desired.as_str(), k.observed.as_deref()), ("3", Some("none")));
+        assert_eq!(
+            (k.desired.as_str(), k.observed.as_deref()),
+            ("3", Some("none"))
+        );
         assert_eq!(k.mechanism, Some(Mechanism::DcbNetlink));
     }
 
@@ -508,11 +651,26 @@ mod tests {
             .writes
             .iter()
             .map(|w| match w.write {
-                Write::Ecn { point: EcnPoint::Notification, priority, enabled } => (priority, enabled),
+                Write::Ecn {
+                    point: EcnPoint::Notification,
+                    priority,
+                    enabled,
+                } => (priority, enabled),
                 ref other => panic!("unexpected {other:?}"),
             })
             .collect();
-        assert_eq!(prios, vec![(0, false), (1, false), (2, false), (4, false), (5, false), (6, false), (7, false)]);
+        assert_eq!(
+            prios,
+            vec![
+                (0, false),
+                (1, false),
+                (2, false),
+                (4, false),
+                (5, false),
+                (6, false),
+                (7, false)
+            ]
+        );
         assert_eq!(p.knob(Knob::EcnReactionPoint).unwrap().action, Action::Keep);
     }
 
@@ -528,11 +686,20 @@ mod tests {
         let p = plan(&d, &o);
         assert_eq!(
             p.writes.iter().map(|w| w.write.clone()).collect::<Vec<_>>(),
-            vec![Write::AddApps(vec![DcbApp::dscp(26, 3)]), Write::DelApps(vec![DcbApp::dscp(26, 0)])]
+            vec![
+                Write::AddApps(vec![DcbApp::dscp(26, 3)]),
+                Write::DelApps(vec![DcbApp::dscp(26, 0)])
+            ]
         );
-        assert_eq!(p.knob(Knob::DscpMap).unwrap().observed.as_deref(), Some("26:0,48:6"));
+        assert_eq!(
+            p.knob(Knob::DscpMap).unwrap().observed.as_deref(),
+            Some("26:0,48:6")
+        );
         // The default mlx5 table already maps 26 -> 3 and 48 -> 6.
-        o.app = Reading::value(Mechanism::DcbNetlink, (0u8..64).map(|x| DcbApp::dscp(x, x >> 3)).collect());
+        o.app = Reading::value(
+            Mechanism::DcbNetlink,
+            (0u8..64).map(|x| DcbApp::dscp(x, x >> 3)).collect(),
+        );
         assert!(plan(&d, &o).writes.is_empty());
     }
 
@@ -551,19 +718,41 @@ mod tests {
             }]
         );
         assert_eq!(p.knob(Knob::Trust).unwrap().action, Action::Change);
-        assert_eq!(p.knob(Knob::DscpMap).unwrap().observed.as_deref(), Some("26:-,48:-"));
+        assert_eq!(
+            p.knob(Knob::DscpMap).unwrap().observed.as_deref(),
+            Some("26:-,48:-")
+        );
     }
 
     #[test]
     fn pcp_trust_drops_the_dscp_map_and_deletes_dscp_entries() {
-        let q = QosSpec { trust: Trust::Pcp, ..spec() };
+        let q = QosSpec {
+            trust: Trust::Pcp,
+            ..spec()
+        };
         let d = Desired::from_spec(&q);
         assert!(!d.knobs().contains(&Knob::DscpMap));
         let mut o = correct(&d);
         o.trust = Reading::value(Mechanism::DcbNetlink, Trust::Dscp);
-        o.app = Reading::value(Mechanism::DcbNetlink, vec![DcbApp::dscp(26, 3), DcbApp { selector: 1, priority: 3, protocol: 0x8915 }]);
+        o.app = Reading::value(
+            Mechanism::DcbNetlink,
+            vec![
+                DcbApp::dscp(26, 3),
+                DcbApp {
+                    selector: 1,
+                    priority: 3,
+                    protocol: 0x8915,
+                },
+            ],
+        );
         let p = plan(&d, &o);
-        assert_eq!(p.writes, vec![PlannedWrite { knobs: vec![Knob::Trust], write: Write::DelApps(vec![DcbApp::dscp(26, 3)]) }]);
+        assert_eq!(
+            p.writes,
+            vec![PlannedWrite {
+                knobs: vec![Knob::Trust],
+                write: Write::DelApps(vec![DcbApp::dscp(26, 3)])
+            }]
+        );
         assert!(p.knob(Knob::DscpMap).is_none());
     }
 
@@ -572,8 +761,14 @@ mod tests {
         let q = QosSpec {
             pfc_priorities: vec![3, 4],
             roce_priority: 3,
-            ecn: EcnSpec { enabled: true, priorities: Some(vec![3, 4]) },
-            cnp: CnpSpec { dscp: 46, priority: 5 },
+            ecn: EcnSpec {
+                enabled: true,
+                priorities: Some(vec![3, 4]),
+            },
+            cnp: CnpSpec {
+                dscp: 46,
+                priority: 5,
+            },
             mtu: 9000,
             ..spec()
         };
@@ -611,7 +806,10 @@ mod tests {
         );
         let knobs: Vec<Knob> = p.knobs.iter().map(|k| k.knob).collect();
         assert_eq!(knobs, d.knobs(), "report order");
-        assert_eq!(p.knob(Knob::RoceTos).unwrap().observed.as_deref(), Some("not set (no rdma_cm entry)"));
+        assert_eq!(
+            p.knob(Knob::RoceTos).unwrap().observed.as_deref(),
+            Some("not set (no rdma_cm entry)")
+        );
     }
 
     #[test]
@@ -632,34 +830,61 @@ mod tests {
             dcbx: None,
         };
         let p = plan(&d, &o);
-        assert_eq!(p.writes, vec![PlannedWrite { knobs: vec![Knob::Mtu], write: Write::Mtu(4200) }]);
-        assert!(matches!(p.knob(Knob::Pfc).unwrap().action, Action::Unsupported(ref r) if r.contains("EOPNOTSUPP")));
-        assert_eq!(p.knob(Knob::CnpPriority).unwrap().action, Action::ReadFailed("permission denied".into()));
-        assert_eq!(p.knob(Knob::CnpPriority).unwrap().mechanism, Some(Mechanism::Debugfs));
+        assert_eq!(
+            p.writes,
+            vec![PlannedWrite {
+                knobs: vec![Knob::Mtu],
+                write: Write::Mtu(4200)
+            }]
+        );
+        assert!(
+            matches!(p.knob(Knob::Pfc).unwrap().action, Action::Unsupported(ref r) if r.contains("EOPNOTSUPP"))
+        );
+        assert_eq!(
+            p.knob(Knob::CnpPriority).unwrap().action,
+            Action::ReadFailed("permission denied".into())
+        );
+        assert_eq!(
+            p.knob(Knob::CnpPriority).unwrap().mechanism,
+            Some(Mechanism::Debugfs)
+        );
         assert!(!p.holds());
     }
 
     #[test]
     fn disabled_ecn_means_every_priority_off() {
-        let q = QosSpec { ecn: EcnSpec { enabled: false, priorities: None }, ..spec() };
+        let q = QosSpec {
+            ecn: EcnSpec {
+                enabled: false,
+                priorities: None,
+            },
+            ..spec()
+        };
         let d = Desired::from_spec(&q);
         let mut o = correct(&d);
         o.ecn_rp = Reading::value(Mechanism::Sysfs, vec![3]);
         let p = plan(&d, &o);
         assert_eq!(
             p.writes.iter().map(|w| w.write.clone()).collect::<Vec<_>>(),
-            vec![Write::Ecn { point: EcnPoint::Reaction, priority: 3, enabled: false }]
+            vec![Write::Ecn {
+                point: EcnPoint::Reaction,
+                priority: 3,
+                enabled: false
+            }]
         );
         assert_eq!(p.knob(Knob::EcnReactionPoint).unwrap().desired, "none");
     }
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)] // tests fail loudly on the unexpected
 mod proptests {
     use super::*;
     use proptest::prelude::*;
 
-    fn reading<T: Clone + fmt::Debug + 'static>(v: impl Strategy<Value = T> + 'static) -> impl Strategy<Value = Reading<T>> {
+    fn reading<T: Clone + fmt::Debug + 'static>(
+        v: impl Strategy<Value = T> + 'static,
+    ) -> impl Strategy<Value = Reading<T>> {
         prop_oneof![
             4 => v.prop_map(|x| Reading::value(Mechanism::Sysfs, x)),
             1 => Just(Reading::unsupported("nope")),
@@ -707,7 +932,11 @@ mod proptests {
                     }
                 }
                 Write::Pfc(pfc) => o.pfc = Reading::value(Mechanism::DcbNetlink, *pfc),
-                Write::Ecn { point, priority, enabled } => {
+                Write::Ecn {
+                    point,
+                    priority,
+                    enabled,
+                } => {
                     let r = match point {
                         EcnPoint::Notification => &mut o.ecn_np,
                         EcnPoint::Reaction => &mut o.ecn_rp,
@@ -720,9 +949,15 @@ mod proptests {
                         }
                     }
                 }
-                Write::CnpDscp { value, .. } => o.cnp_dscp = Reading::value(Mechanism::Sysfs, *value),
-                Write::CnpPriority { value, .. } => o.cnp_priority = Reading::value(Mechanism::Sysfs, *value),
-                Write::RoceMode(m) => o.roce_mode = Reading::value(Mechanism::Configfs, Some(m.clone())),
+                Write::CnpDscp { value, .. } => {
+                    o.cnp_dscp = Reading::value(Mechanism::Sysfs, *value)
+                }
+                Write::CnpPriority { value, .. } => {
+                    o.cnp_priority = Reading::value(Mechanism::Sysfs, *value)
+                }
+                Write::RoceMode(m) => {
+                    o.roce_mode = Reading::value(Mechanism::Configfs, Some(m.clone()))
+                }
                 Write::RoceTos(t) => o.roce_tos = Reading::value(Mechanism::Configfs, Some(*t)),
                 Write::Mtu(m) => o.mtu = Reading::value(Mechanism::Rtnetlink, *m),
             }
@@ -731,7 +966,11 @@ mod proptests {
         if o.trust.mechanism() != Some(Mechanism::Sysfs)
             && let (Reading::Value { .. }, Some(app)) = (&o.trust, o.app.get())
         {
-            let t = if app.iter().any(|a| a.selector == APP_SEL_DSCP) { Trust::Dscp } else { Trust::Pcp };
+            let t = if app.iter().any(|a| a.selector == APP_SEL_DSCP) {
+                Trust::Dscp
+            } else {
+                Trust::Pcp
+            };
             o.trust = Reading::value(Mechanism::DcbNetlink, t);
         }
         o

@@ -62,16 +62,28 @@ pub fn decode_link(msg: &[u8]) -> Result<LinkInfo, Malformed> {
         .find(|m| m.msg_type == RTM_NEWLINK)
         .ok_or_else(|| Malformed("no RTM_NEWLINK in the reply".into()))?;
     if m.payload.len() < IFINFOMSG_LEN {
-        return Err(Malformed("RTM_NEWLINK shorter than struct ifinfomsg".into()));
+        return Err(Malformed(
+            "RTM_NEWLINK shorter than struct ifinfomsg".into(),
+        ));
     }
     let index = read_i32(m.payload, 4).unwrap_or(0);
     let attrs = parse_attrs(&m.payload[IFINFOMSG_LEN..])?;
-    let name = find_attr(&attrs, IFLA_IFNAME).map(|a| a.string()).transpose()?.unwrap_or_default();
+    let name = find_attr(&attrs, IFLA_IFNAME)
+        .map(|a| a.string())
+        .transpose()?
+        .unwrap_or_default();
     let mtu = find_attr(&attrs, IFLA_MTU)
         .ok_or_else(|| Malformed(format!("link {name} without IFLA_MTU")))?
         .u32()?;
-    let operstate = find_attr(&attrs, IFLA_OPERSTATE).map(|a| a.u8()).transpose()?;
-    Ok(LinkInfo { index, name, mtu, operstate })
+    let operstate = find_attr(&attrs, IFLA_OPERSTATE)
+        .map(|a| a.u8())
+        .transpose()?;
+    Ok(LinkInfo {
+        index,
+        name,
+        mtu,
+        operstate,
+    })
 }
 
 /// A failed rtnetlink request.
@@ -100,7 +112,10 @@ pub struct Rtnl<T> {
 impl<T: Transport> Rtnl<T> {
     pub fn new(transport: T) -> Self {
         // Start far from Dcbnl's sequence numbers so a shared socket never confuses answers.
-        Self { transport, seq: 0x4000_0000 }
+        Self {
+            transport,
+            seq: 0x4000_0000,
+        }
     }
 
     fn next_seq(&mut self) -> u32 {
@@ -112,24 +127,40 @@ impl<T: Transport> Rtnl<T> {
 impl<T: Transport> LinkOps for Rtnl<T> {
     fn get_link(&mut self, ifname: &str) -> Result<LinkInfo, LinkError> {
         let seq = self.next_seq();
-        let err = |source| LinkError { op: "GETLINK", ifname: ifname.to_string(), source };
-        let replies = netlink::exchange(&mut self.transport, seq, &encode_get_link(ifname, seq)).map_err(err)?;
-        let reply = replies
-            .first()
-            .ok_or_else(|| err(NetlinkError::Malformed(Malformed("no reply to GETLINK".into()))))?;
+        let err = |source| LinkError {
+            op: "GETLINK",
+            ifname: ifname.to_string(),
+            source,
+        };
+        let replies = netlink::exchange(&mut self.transport, seq, &encode_get_link(ifname, seq))
+            .map_err(err)?;
+        let reply = replies.first().ok_or_else(|| {
+            err(NetlinkError::Malformed(Malformed(
+                "no reply to GETLINK".into(),
+            )))
+        })?;
         decode_link(reply).map_err(|e| err(e.into()))
     }
 
     fn set_mtu(&mut self, ifname: &str, mtu: u32) -> Result<(), LinkError> {
         let link = self.get_link(ifname)?;
         let seq = self.next_seq();
-        netlink::exchange(&mut self.transport, seq, &encode_set_mtu(link.index, mtu, seq))
-            .map(|_| ())
-            .map_err(|source| LinkError { op: "NEWLINK mtu", ifname: ifname.to_string(), source })
+        netlink::exchange(
+            &mut self.transport,
+            seq,
+            &encode_set_mtu(link.index, mtu, seq),
+        )
+        .map(|_| ())
+        .map_err(|source| LinkError {
+            op: "NEWLINK mtu",
+            ifname: ifname.to_string(),
+            source,
+        })
     }
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)] // tests fail loudly on the unexpected
 mod tests {
     use super::*;
     use crate::qos::netlink::{errno, error_reply};
@@ -174,7 +205,15 @@ mod tests {
     #[test]
     fn link_reply_decodes() {
         let link = decode_link(&newlink_reply(1, 7, "veth0", 1500)).unwrap();
-        assert_eq!(link, LinkInfo { index: 7, name: "veth0".into(), mtu: 1500, operstate: Some(6) });
+        assert_eq!(
+            link,
+            LinkInfo {
+                index: 7,
+                name: "veth0".into(),
+                mtu: 1500,
+                operstate: Some(6)
+            }
+        );
     }
 
     struct FakeLinks {
@@ -206,14 +245,20 @@ mod tests {
 
     #[test]
     fn set_mtu_looks_up_the_index_then_sets_and_acks() {
-        let mut rtnl = Rtnl::new(FakeLinks { mtu: 1500, script: VecDeque::from(["get", "set", "get"]) });
+        let mut rtnl = Rtnl::new(FakeLinks {
+            mtu: 1500,
+            script: VecDeque::from(["get", "set", "get"]),
+        });
         rtnl.set_mtu("eth2", 4200).unwrap();
         assert_eq!(rtnl.get_link("eth2").unwrap().mtu, 4200);
     }
 
     #[test]
     fn missing_interface_is_enodev() {
-        let mut rtnl = Rtnl::new(FakeLinks { mtu: 0, script: VecDeque::from(["enodev"]) });
+        let mut rtnl = Rtnl::new(FakeLinks {
+            mtu: 0,
+            script: VecDeque::from(["enodev"]),
+        });
         let err = rtnl.get_link("nope0").unwrap_err();
         assert_eq!(err.source, NetlinkError::Errno(errno::ENODEV));
         assert!(err.to_string().contains("GETLINK on nope0"), "{err}");

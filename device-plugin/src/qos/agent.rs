@@ -1,0 +1,620 @@
+//! The node QoS agent: the Kubernetes shell around [`apply`](super::apply).
+//!
+//! It watches its own `RoceNode` (named after the node). On every spec change (a new
+//! `metadata.generation`), and every `--resync-interval` in between, it resolves the selected
+//! interfaces (RoCE netdevs of the node's HCAs matching `spec.nicSelector`, from
+//! [`inventory::discover`]), applies the QoS to each, and writes `status` with server-side apply
+//! (field manager [`AGENT_FIELD_MANAGER`], status subresource): per-interface state and per-knob
+//! outcomes, `QosApplied`/`Ready`/`Degraded`, `observedGeneration`, `fabricGeneration`,
+//! `lastSyncTime`.
+//!
+//! Status is written after every pass, so `lastSyncTime` moves; the write rate is therefore
+//! bounded by one per resync interval plus one per spec change (the agent's own status writes
+//! do not trigger a pass: they keep the generation). A knob that held at the last pass for the
+//! same generation and had to be written again is drift (a NIC reset, a reboot, a hand-run
+//! `mlnx_qos`): it is corrected like any other difference, with a `DriftCorrected` Event and
+//! `rocefabric_qos_drift_corrections_total`.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Client, Resource};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use rocefabric_api::conditions::{self, Desired as DesiredCondition};
+use rocefabric_api::constants::{AGENT_FIELD_MANAGER, API_VERSION, condition, reason};
+use rocefabric_api::{InterfaceStatus, Knob, KnobOutcome, KnobStatus, RoceNode, RoceNodeStatus};
+use tokio::time::Instant;
+use tracing::{info, instrument, warn};
+
+use super::apply::{self, Netlink, Outcome};
+use super::driver_files::{NetdevFiles, RdmaPort, Roots};
+use super::plan::Desired;
+use crate::inventory;
+use crate::model::PortState;
+
+/// Why a pass failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("discovering the node's HCAs: {0}")]
+    Discover(#[from] inventory::DiscoverError),
+    #[error("writing RoceNode {node} status: {source}")]
+    Status {
+        node: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("the RoceNode watch ended")]
+    WatchEnded,
+    #[error("a blocking task failed: {0}")]
+    Task(String),
+}
+
+impl AgentError {
+    /// Label for metrics.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            AgentError::Discover(_) => "discover",
+            AgentError::Status { .. } => "status",
+            AgentError::WatchEnded => "watch",
+            AgentError::Task(_) => "task",
+        }
+    }
+}
+
+/// Applies QoS to one interface. The real one speaks netlink; tests use in-memory devices.
+pub trait NodeKernel: Send + Sync + 'static {
+    fn apply(&self, files: &NetdevFiles, desired: &Desired) -> Result<Outcome, String>;
+}
+
+/// [`NodeKernel`] over fresh netlink sockets for each interface.
+#[derive(Debug, Default)]
+pub struct NetlinkKernel;
+
+impl NodeKernel for NetlinkKernel {
+    fn apply(&self, files: &NetdevFiles, desired: &Desired) -> Result<Outcome, String> {
+        let mut netlink = Netlink::open().map_err(|e| format!("opening netlink sockets: {e}"))?;
+        Ok(apply::apply(&mut netlink.kernel(), files, desired))
+    }
+}
+
+/// Agent metrics.
+#[derive(Debug, Default)]
+pub struct AgentMetrics {
+    /// Knobs found drifted and written back, per interface and knob.
+    pub drift_corrections: Family<Vec<(&'static str, String)>, Counter>,
+    /// Passes, by result (`success` or an error label).
+    pub syncs: Family<Vec<(&'static str, String)>, Counter>,
+    /// 1 when a knob holds on an interface, else 0.
+    pub knob_holds: Family<Vec<(&'static str, String)>, Gauge>,
+}
+
+impl AgentMetrics {
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "rocefabric_qos_drift_corrections",
+            "QoS knobs found changed behind the agent's back and written back",
+            self.drift_corrections.clone(),
+        );
+        registry.register(
+            "rocefabric_qos_syncs",
+            "QoS agent passes by result",
+            self.syncs.clone(),
+        );
+        registry.register(
+            "rocefabric_qos_knob_holds",
+            "Whether a QoS knob holds on an interface (1) or not (0)",
+            self.knob_holds.clone(),
+        );
+    }
+}
+
+/// What a pass needs.
+pub struct Context {
+    pub client: Client,
+    pub node_name: String,
+    pub roots: Roots,
+    pub kernel: Arc<dyn NodeKernel>,
+    pub metrics: Arc<AgentMetrics>,
+    pub recorder: Recorder,
+    /// The interfaces the fabric counters are read from; replaced after each pass.
+    pub counter_targets: Arc<RwLock<Vec<NetdevFiles>>>,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("node_name", &self.node_name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Context {
+    pub fn new(
+        client: Client,
+        node_name: String,
+        roots: Roots,
+        kernel: Arc<dyn NodeKernel>,
+    ) -> Self {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: AGENT_FIELD_MANAGER.to_string(),
+                instance: Some(node_name.clone()),
+            },
+        );
+        Self {
+            client,
+            node_name,
+            roots,
+            kernel,
+            metrics: Arc::default(),
+            recorder,
+            counter_targets: Arc::default(),
+        }
+    }
+}
+
+/// One selected interface.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Selected {
+    pub files: NetdevFiles,
+    /// RDMA port state (`ACTIVE`, `DOWN`).
+    pub link_state: Option<String>,
+}
+
+fn port_state_text(state: PortState) -> String {
+    serde_json::to_value(state)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_else(|| format!("{state:?}"))
+}
+
+/// The RoCE netdevs of the node's HCAs that `node.spec.nicSelector` selects.
+pub fn select_interfaces(
+    roots: &Roots,
+    node: &RoceNode,
+) -> Result<Vec<Selected>, inventory::DiscoverError> {
+    let inv = inventory::discover(&roots.sysfs, &node.spec.nic_selector)?;
+    Ok(inv
+        .hcas
+        .into_iter()
+        .filter_map(|h| {
+            let Some(netdev) = h.netdev.clone() else {
+                warn!(rdma_device = %h.name, "selected HCA has no netdev; no QoS to apply");
+                return None;
+            };
+            let files = NetdevFiles::known(
+                roots,
+                &netdev,
+                Some(h.pci_address.clone()),
+                Some(RdmaPort {
+                    device: h.name.clone(),
+                    port: h.port,
+                }),
+            );
+            Some(Selected {
+                files,
+                link_state: Some(port_state_text(h.state)),
+            })
+        })
+        .collect())
+}
+
+fn knob_name(knob: Knob) -> String {
+    serde_json::to_value(knob)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_else(|| format!("{knob:?}"))
+}
+
+fn problems(interfaces: &[InterfaceStatus], outcome: KnobOutcome) -> Vec<String> {
+    interfaces
+        .iter()
+        .flat_map(|i| {
+            i.knobs
+                .iter()
+                .filter(move |k| k.outcome == outcome)
+                .map(move |k| {
+                    let why = k.error.as_deref().unwrap_or("no detail");
+                    format!("{} {}: {why}", i.netdev, knob_name(k.knob))
+                })
+        })
+        .collect()
+}
+
+/// At most `n` items, then "and N more".
+fn summarize(items: &[String], n: usize) -> String {
+    let mut s = items.iter().take(n).cloned().collect::<Vec<_>>().join("; ");
+    if items.len() > n {
+        s.push_str(&format!("; and {} more", items.len() - n));
+    }
+    s
+}
+
+/// `QosApplied`, `Ready` and `Degraded` for a node's interfaces (pure).
+pub fn node_conditions(interfaces: &[InterfaceStatus]) -> Vec<DesiredCondition> {
+    let failed = problems(interfaces, KnobOutcome::Failed);
+    let unsupported = problems(interfaces, KnobOutcome::Unsupported);
+    let (qos_ok, qos_reason, qos_message) = if interfaces.is_empty() {
+        (
+            false,
+            reason::NO_INTERFACES,
+            "no RoCE interface on this node matches the fabric's nicSelector".to_string(),
+        )
+    } else if !failed.is_empty() {
+        (
+            false,
+            reason::QOS_FAILED,
+            format!("{} knob(s) failed: {}", failed.len(), summarize(&failed, 5)),
+        )
+    } else if !unsupported.is_empty() {
+        (
+            false,
+            reason::QOS_UNSUPPORTED,
+            format!(
+                "{} knob(s) unsupported: {}",
+                unsupported.len(),
+                summarize(&unsupported, 5)
+            ),
+        )
+    } else {
+        (
+            true,
+            reason::QOS_APPLIED,
+            format!("QoS holds on {} interface(s)", interfaces.len()),
+        )
+    };
+    let down: Vec<String> = interfaces
+        .iter()
+        .filter(|i| i.link_state.as_deref() != Some("ACTIVE"))
+        .map(|i| {
+            format!(
+                "{} is {}",
+                i.netdev,
+                i.link_state.as_deref().unwrap_or("in an unknown state")
+            )
+        })
+        .collect();
+    let ready = if !qos_ok {
+        DesiredCondition::new(condition::READY, false, qos_reason, qos_message.clone())
+    } else if !down.is_empty() {
+        DesiredCondition::new(
+            condition::READY,
+            false,
+            reason::LINK_DOWN,
+            summarize(&down, 5),
+        )
+    } else {
+        DesiredCondition::new(
+            condition::READY,
+            true,
+            reason::AS_EXPECTED,
+            qos_message.clone(),
+        )
+    };
+    let degraded = if qos_ok {
+        DesiredCondition::new(condition::DEGRADED, false, reason::AS_EXPECTED, "")
+    } else {
+        DesiredCondition::new(condition::DEGRADED, true, qos_reason, qos_message.clone())
+    };
+    vec![
+        DesiredCondition::new(condition::QOS_APPLIED, qos_ok, qos_reason, qos_message),
+        ready,
+        degraded,
+    ]
+}
+
+/// The status a pass writes (pure).
+pub fn node_status(
+    node: &RoceNode,
+    interfaces: Vec<InterfaceStatus>,
+    now: &Time,
+) -> RoceNodeStatus {
+    let generation = node.metadata.generation;
+    let previous = node
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default();
+    RoceNodeStatus {
+        observed_generation: generation,
+        fabric_generation: Some(node.spec.fabric_generation),
+        conditions: conditions::merge(previous, &node_conditions(&interfaces), generation, now),
+        interfaces,
+        last_sync_time: Some(now.clone()),
+    }
+}
+
+/// The server-side apply body of a status write.
+pub fn status_patch(status: &RoceNodeStatus) -> serde_json::Value {
+    serde_json::json!({ "apiVersion": API_VERSION, "kind": "RoceNode", "status": status })
+}
+
+/// Knobs that held at the previous pass for this same generation and had to be written again.
+pub fn drifted(node: &RoceNode, now: &[InterfaceStatus]) -> Vec<(String, Knob)> {
+    let Some(prev) = node.status.as_ref() else {
+        return Vec::new();
+    };
+    if prev.observed_generation != node.metadata.generation || prev.observed_generation.is_none() {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for iface in now {
+        let Some(before) = prev.interfaces.iter().find(|p| p.netdev == iface.netdev) else {
+            continue;
+        };
+        for k in iface
+            .knobs
+            .iter()
+            .filter(|k| k.outcome == KnobOutcome::Applied)
+        {
+            if before
+                .knobs
+                .iter()
+                .any(|b| b.knob == k.knob && b.outcome.holds())
+            {
+                out.push((iface.netdev.clone(), k.knob));
+            }
+        }
+    }
+    out
+}
+
+fn failed_knobs(desired: &Desired, error: &str) -> Vec<KnobStatus> {
+    desired
+        .knobs()
+        .into_iter()
+        .map(|knob| KnobStatus {
+            knob,
+            outcome: KnobOutcome::Failed,
+            mechanism: None,
+            desired: None,
+            observed: None,
+            error: Some(error.to_string()),
+        })
+        .collect()
+}
+
+/// One pass: select, apply, report drift, write status. Returns the status written.
+#[instrument(skip_all, fields(node = %ctx.node_name, generation = ?node.metadata.generation))]
+pub async fn reconcile(
+    ctx: &Context,
+    node: &RoceNode,
+    now: Time,
+) -> Result<RoceNodeStatus, AgentError> {
+    let desired = Desired::from_spec(&node.spec.qos);
+    let roots = ctx.roots.clone();
+    let kernel = ctx.kernel.clone();
+    let target = node.clone();
+    let results: Vec<(Selected, Result<Outcome, String>)> =
+        tokio::task::spawn_blocking(move || {
+            let selected = select_interfaces(&roots, &target)?;
+            Ok::<_, AgentError>(
+                selected
+                    .into_iter()
+                    .map(|s| {
+                        let outcome = kernel.apply(&s.files, &desired);
+                        (s, outcome)
+                    })
+                    .collect(),
+            )
+        })
+        .await
+        .map_err(|e| AgentError::Task(e.to_string()))??;
+
+    let desired = Desired::from_spec(&node.spec.qos);
+    let mut interfaces = Vec::with_capacity(results.len());
+    for (sel, outcome) in &results {
+        let status = match outcome {
+            Ok(o) => o.interface_status(&sel.files, sel.link_state.clone()),
+            Err(e) => InterfaceStatus {
+                netdev: sel.files.netdev.clone(),
+                rdma_device: sel.files.rdma.as_ref().map(|r| r.device.clone()),
+                pci_address: sel.files.pci_address.clone(),
+                link_state: sel.link_state.clone(),
+                knobs: failed_knobs(&desired, e),
+                ..Default::default()
+            },
+        };
+        for k in &status.knobs {
+            let labels = vec![
+                ("interface", status.netdev.clone()),
+                ("knob", knob_name(k.knob)),
+            ];
+            ctx.metrics
+                .knob_holds
+                .get_or_create(&labels)
+                .set(i64::from(k.outcome.holds()));
+        }
+        interfaces.push(status);
+    }
+    interfaces.sort_by(|a, b| a.netdev.cmp(&b.netdev));
+    if let Ok(mut t) = ctx.counter_targets.write() {
+        *t = results.iter().map(|(s, _)| s.files.clone()).collect();
+    }
+
+    let drift = drifted(node, &interfaces);
+    if !drift.is_empty() {
+        for (netdev, knob) in &drift {
+            let labels = vec![("interface", netdev.clone()), ("knob", knob_name(*knob))];
+            ctx.metrics.drift_corrections.get_or_create(&labels).inc();
+        }
+        let note = drift
+            .iter()
+            .map(|(n, k)| format!("{n} {}", knob_name(*k)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        info!(drift = %note, "corrected QoS drift");
+        let event = KubeEvent {
+            type_: EventType::Warning,
+            reason: reason::DRIFT_CORRECTED.to_string(),
+            note: Some(format!("QoS had drifted and was written back: {note}")),
+            action: "ApplyQos".to_string(),
+            secondary: None,
+        };
+        if let Err(error) = ctx.recorder.publish(&event, &node.object_ref(&())).await {
+            warn!(%error, "failed to publish the DriftCorrected event");
+        }
+    }
+
+    let status = node_status(node, interfaces, &now);
+    let api: Api<RoceNode> = Api::all(ctx.client.clone());
+    let params = PatchParams::apply(AGENT_FIELD_MANAGER).force();
+    api.patch_status(
+        &ctx.node_name,
+        &params,
+        &Patch::Apply(status_patch(&status)),
+    )
+    .await
+    .map_err(|source| AgentError::Status {
+        node: ctx.node_name.clone(),
+        source,
+    })?;
+    info!(
+        interfaces = status.interfaces.len(),
+        qos_applied = conditions::is_true(&status.conditions, condition::QOS_APPLIED, None),
+        "status written"
+    );
+    Ok(status)
+}
+
+/// `(uid, generation)`: a pass is due when it changes.
+fn spec_key(node: &RoceNode) -> (Option<String>, Option<i64>) {
+    (node.metadata.uid.clone(), node.metadata.generation)
+}
+
+/// Retry delay after `failures` consecutive failed passes: 1s, 2s, 4s, ... capped at `max`.
+pub fn retry_delay(failures: u32, max: Duration) -> Duration {
+    Duration::from_secs(1u64 << failures.saturating_sub(1).min(10)).min(max)
+}
+
+/// Watch the node's RoceNode and run passes until `shutdown` completes.
+pub async fn run(
+    ctx: Arc<Context>,
+    resync: Duration,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), AgentError> {
+    let api: Api<RoceNode> = Api::all(ctx.client.clone());
+    let config = watcher::Config::default().fields(&format!("metadata.name={}", ctx.node_name));
+    let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+    let mut node: Option<RoceNode> = None;
+    let mut listing: Option<Option<RoceNode>> = None;
+    let mut done: Option<(Option<String>, Option<i64>)> = None;
+    let mut due: Option<Instant> = None;
+    let mut failures = 0u32;
+    tokio::pin!(shutdown);
+    info!(node = %ctx.node_name, resync = ?resync, "QoS agent started");
+    loop {
+        let wait = async {
+            match due {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => futures::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = &mut shutdown => return Ok(()),
+            event = stream.try_next() => {
+                match event {
+                    Ok(Some(Event::Init)) => listing = Some(None),
+                    Ok(Some(Event::InitApply(n))) => listing = Some(Some(n)),
+                    Ok(Some(Event::InitDone)) => node = listing.take().flatten(),
+                    Ok(Some(Event::Apply(n))) => node = Some(n),
+                    Ok(Some(Event::Delete(_))) => node = None,
+                    Ok(None) => return Err(AgentError::WatchEnded),
+                    Err(error) => warn!(%error, "watching the RoceNode failed; retrying"),
+                }
+                if listing.is_some() {
+                    continue;
+                }
+                match &node {
+                    Some(n) if Some(spec_key(n)) != done => due = Some(Instant::now()),
+                    Some(_) => {}
+                    None => {
+                        if done.take().is_some() {
+                            info!("RoceNode gone; idle until it returns");
+                        }
+                        due = None;
+                        if let Ok(mut t) = ctx.counter_targets.write() {
+                            t.clear();
+                        }
+                    }
+                }
+            }
+            () = wait => {
+                let Some(n) = node.clone() else { due = None; continue };
+                match reconcile(&ctx, &n, Time(Timestamp::now())).await {
+                    Ok(_) => {
+                        failures = 0;
+                        done = Some(spec_key(&n));
+                        ctx.metrics.syncs.get_or_create(&vec![("result", "success".to_string())]).inc();
+                        due = Some(Instant::now() + resync);
+                    }
+                    Err(error) => {
+                        failures += 1;
+                        let delay = retry_delay(failures, resync);
+                        warn!(%error, retry_in = ?delay, "QoS pass failed");
+                        ctx.metrics.syncs.get_or_create(&vec![("result", error.metric_label().to_string())]).inc();
+                        due = Some(Instant::now() + delay);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Serve `GET /metrics` (OpenMetrics text) and `GET /healthz` until `shutdown` completes.
+pub async fn serve_metrics(
+    addr: SocketAddr,
+    registry: Arc<Registry>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    use axum::http::header::CONTENT_TYPE;
+    use axum::routing::get;
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let registry = registry.clone();
+                async move {
+                    let mut text = String::new();
+                    match prometheus_client::encoding::text::encode(&mut text, &registry) {
+                        Ok(()) => (
+                            axum::http::StatusCode::OK,
+                            [(
+                                CONTENT_TYPE,
+                                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                            )],
+                            text,
+                        ),
+                        Err(_) => (
+                            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                            [(CONTENT_TYPE, "text/plain")],
+                            "metrics encoding failed".to_string(),
+                        ),
+                    }
+                }
+            }),
+        )
+        .route("/healthz", get(|| async { "ok" }));
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    info!(%addr, "serving metrics");
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+#[cfg(test)]
+#[path = "agent_tests.rs"]
+mod tests;

@@ -1,0 +1,246 @@
+//! The device plugin's gate, fed from the node's `RoceNode`: the fabric's traffic class, and the
+//! netdevs whose QoS the agent reports holding for the current spec. The kubelet-facing `serve`
+//! process runs [`watch_fabric_view`] (read-only API access, no NET_ADMIN) and hands the receiver
+//! to [`crate::serve::run`].
+
+use std::collections::BTreeSet;
+
+use futures::{StreamExt, TryStreamExt};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Client};
+use rocefabric_api::RoceNode;
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use crate::config::QosGate;
+use crate::fabric_view::FabricView;
+
+/// The view a `RoceNode` gives: `None` (no RoceNode) is no gate; otherwise the spec's traffic
+/// class and the netdevs whose every knob holds, reported for the node's current generation
+/// (a status from an older spec admits nothing: the new spec is not applied yet).
+pub fn fabric_view_from_roce_node(node: Option<&RoceNode>) -> FabricView {
+    let Some(node) = node else {
+        return FabricView {
+            traffic_class: None,
+            qos_ready: None,
+        };
+    };
+    let mut ready = BTreeSet::new();
+    if let Some(status) = &node.status {
+        let current = status.observed_generation == node.metadata.generation
+            && status.fabric_generation == Some(node.spec.fabric_generation);
+        if current {
+            ready.extend(
+                status
+                    .interfaces
+                    .iter()
+                    .filter(|i| !i.knobs.is_empty() && i.knobs.iter().all(|k| k.outcome.holds()))
+                    .map(|i| i.netdev.clone()),
+            );
+        }
+    }
+    FabricView {
+        traffic_class: Some(node.spec.qos.traffic_class()),
+        qos_ready: Some(ready),
+    }
+}
+
+/// [`fabric_view_from_roce_node`] under the config's gate setting: `auto` gates only when a
+/// RoceNode exists, `enabled` always (no RoceNode admits nothing), `disabled` never (the traffic
+/// class still comes from the RoceNode).
+pub fn gated_view(node: Option<&RoceNode>, gate: QosGate) -> FabricView {
+    let mut view = fabric_view_from_roce_node(node);
+    match gate {
+        QosGate::Auto => {}
+        QosGate::Enabled => {
+            view.qos_ready.get_or_insert_with(BTreeSet::new);
+        }
+        QosGate::Disabled => view.qos_ready = None,
+    }
+    view
+}
+
+/// The view before the API has answered: closed (nothing admitted) unless the gate is disabled,
+/// so no pod lands on a NIC whose QoS is unknown.
+pub fn initial_view(gate: QosGate) -> FabricView {
+    match gate {
+        QosGate::Disabled => FabricView::default(),
+        QosGate::Auto | QosGate::Enabled => FabricView {
+            traffic_class: None,
+            qos_ready: Some(BTreeSet::new()),
+        },
+    }
+}
+
+/// Follow `rocenodes/<node_name>` and publish the view on `tx` whenever it changes, until `tx`
+/// has no receivers. Watch errors are retried with kube's default backoff.
+pub async fn watch_fabric_view(
+    client: Client,
+    node_name: String,
+    gate: QosGate,
+    tx: watch::Sender<FabricView>,
+) {
+    let api: Api<RoceNode> = Api::all(client);
+    let config = watcher::Config::default().fields(&format!("metadata.name={node_name}"));
+    let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+    let mut current: Option<RoceNode> = None;
+    let mut listing: Option<Option<RoceNode>> = None;
+    loop {
+        let event = tokio::select! {
+            e = stream.try_next() => e,
+            () = tx.closed() => return,
+        };
+        match event {
+            Ok(Some(Event::Init)) => listing = Some(None),
+            Ok(Some(Event::InitApply(node))) => listing = Some(Some(node)),
+            Ok(Some(Event::InitDone)) => current = listing.take().flatten(),
+            Ok(Some(Event::Apply(node))) => current = Some(node),
+            Ok(Some(Event::Delete(_))) => current = None,
+            Ok(None) => return,
+            Err(error) => {
+                warn!(node = %node_name, %error, "watching the RoceNode failed; retrying");
+                continue;
+            }
+        }
+        if listing.is_some() {
+            continue;
+        }
+        let view = gated_view(current.as_ref(), gate);
+        tx.send_if_modified(|old| {
+            if *old == view {
+                false
+            } else {
+                info!(node = %node_name, ?view, "fabric view from RoceNode");
+                *old = view;
+                true
+            }
+        });
+    }
+}
+
+/// Start [`watch_fabric_view`] on the current runtime; the receiver starts at [`initial_view`].
+pub fn spawn_fabric_view(
+    client: Client,
+    node_name: String,
+    gate: QosGate,
+) -> watch::Receiver<FabricView> {
+    let (tx, rx) = watch::channel(initial_view(gate));
+    tokio::spawn(watch_fabric_view(client, node_name, gate, tx));
+    rx
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // tests fail loudly on the unexpected
+mod tests {
+    use super::*;
+    use rocefabric_api::{
+        InterfaceStatus, Knob, KnobOutcome, KnobStatus, RoceNodeSpec, RoceNodeStatus,
+    };
+
+    fn knob(knob: Knob, outcome: KnobOutcome) -> KnobStatus {
+        KnobStatus {
+            knob,
+            outcome,
+            mechanism: None,
+            desired: None,
+            observed: None,
+            error: None,
+        }
+    }
+
+    fn node(generation: i64, observed: i64, interfaces: Vec<InterfaceStatus>) -> RoceNode {
+        let mut n = RoceNode::new(
+            "node-a",
+            RoceNodeSpec {
+                fabric: "f".into(),
+                fabric_generation: 4,
+                ..Default::default()
+            },
+        );
+        n.metadata.generation = Some(generation);
+        n.status = Some(RoceNodeStatus {
+            observed_generation: Some(observed),
+            fabric_generation: Some(4),
+            interfaces,
+            ..Default::default()
+        });
+        n
+    }
+
+    fn iface(netdev: &str, outcomes: &[KnobOutcome]) -> InterfaceStatus {
+        InterfaceStatus {
+            netdev: netdev.into(),
+            knobs: outcomes.iter().map(|o| knob(Knob::Pfc, *o)).collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn no_roce_node_means_no_gate() {
+        assert_eq!(
+            fabric_view_from_roce_node(None),
+            FabricView {
+                traffic_class: None,
+                qos_ready: None
+            }
+        );
+        assert_eq!(
+            gated_view(None, QosGate::Enabled).qos_ready,
+            Some(BTreeSet::new())
+        );
+        assert_eq!(gated_view(None, QosGate::Auto).qos_ready, None);
+    }
+
+    #[test]
+    fn only_interfaces_whose_every_knob_holds_are_ready() {
+        let n = node(
+            2,
+            2,
+            vec![
+                iface(
+                    "enp24s0np0",
+                    &[KnobOutcome::Applied, KnobOutcome::AlreadyCorrect],
+                ),
+                iface(
+                    "enp64s0np0",
+                    &[KnobOutcome::Applied, KnobOutcome::Unsupported],
+                ),
+                iface("enp79s0np0", &[KnobOutcome::Failed]),
+                iface("enp94s0np0", &[]),
+            ],
+        );
+        let view = fabric_view_from_roce_node(Some(&n));
+        assert_eq!(view.traffic_class, Some(106));
+        assert_eq!(
+            view.qos_ready,
+            Some(["enp24s0np0".to_string()].into_iter().collect())
+        );
+        assert_eq!(gated_view(Some(&n), QosGate::Disabled).qos_ready, None);
+        assert_eq!(
+            gated_view(Some(&n), QosGate::Disabled).traffic_class,
+            Some(106)
+        );
+    }
+
+    #[test]
+    fn a_status_for_an_older_generation_admits_nothing() {
+        let n = node(3, 2, vec![iface("enp24s0np0", &[KnobOutcome::Applied])]);
+        assert_eq!(
+            fabric_view_from_roce_node(Some(&n)).qos_ready,
+            Some(BTreeSet::new())
+        );
+        let mut n = node(2, 2, vec![iface("enp24s0np0", &[KnobOutcome::Applied])]);
+        n.spec.fabric_generation = 5;
+        assert_eq!(
+            fabric_view_from_roce_node(Some(&n)).qos_ready,
+            Some(BTreeSet::new())
+        );
+    }
+
+    #[test]
+    fn the_view_starts_closed_unless_the_gate_is_off() {
+        assert_eq!(initial_view(QosGate::Auto).qos_ready, Some(BTreeSet::new()));
+        assert_eq!(initial_view(QosGate::Disabled), FabricView::default());
+    }
+}
