@@ -154,7 +154,14 @@ impl HelmEngine {
         timeout_seconds: u32,
     ) -> Result<String, HelmError> {
         let timeout = timeout_seconds.to_string();
-        let args = ["--name", name, "--namespace", namespace, "--timeout", &timeout];
+        let args = [
+            "--name",
+            name,
+            "--namespace",
+            namespace,
+            "--timeout",
+            &timeout,
+        ];
         self.run("install", chart, values, &args)
     }
 

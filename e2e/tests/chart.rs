@@ -926,7 +926,10 @@ fn schema_rejects_typos_and_out_of_range_values() {
             "metricsPort",
         ),
         (json!({"operator": {"logFormat": "xml"}}), "logFormat"),
-        (json!({"node": {"qosAgent": {"resyncInterval": "100ms"}}}), "resyncInterval"),
+        (
+            json!({"node": {"qosAgent": {"resyncInterval": "100ms"}}}),
+            "resyncInterval",
+        ),
         (json!({"crds": {"install": "yes"}}), "install"),
         (
             json!({"serviceMonitor": {"enabled": true}}),
