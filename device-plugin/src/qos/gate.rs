@@ -243,4 +243,98 @@ mod tests {
         assert_eq!(initial_view(QosGate::Auto).qos_ready, Some(BTreeSet::new()));
         assert_eq!(initial_view(QosGate::Disabled), FabricView::default());
     }
+
+    /// The watcher against a mock API server: the listed RoceNode's view, then a status update,
+    /// then deletion (no gate under `auto`).
+    #[tokio::test]
+    async fn watcher_streams_the_view_from_the_api() {
+        use http::{Request, Response};
+        use kube::client::Body;
+
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = Client::new(service, "default");
+        let (tx, mut rx) = watch::channel(initial_view(QosGate::Auto));
+        let task = tokio::spawn(watch_fabric_view(
+            client,
+            "node-a".into(),
+            QosGate::Auto,
+            tx,
+        ));
+
+        let mut n = node(2, 1, vec![iface("enp24s0np0", &[KnobOutcome::Applied])]);
+        n.metadata.resource_version = Some("5".into());
+        let (req, send) = handle.next_request().await.unwrap();
+        assert_eq!(req.uri().path(), "/apis/rocefabric.io/v1alpha1/rocenodes");
+        assert!(
+            req.uri()
+                .query()
+                .unwrap()
+                .contains("fieldSelector=metadata.name%3Dnode-a"),
+            "{}",
+            req.uri()
+        );
+        let list = serde_json::json!({ "apiVersion": "rocefabric.io/v1alpha1", "kind": "RoceNodeList",
+            "metadata": { "resourceVersion": "5" }, "items": [n] });
+        send.send_response(Response::new(Body::from(
+            serde_json::to_vec(&list).unwrap(),
+        )));
+        rx.changed().await.unwrap();
+        // Status of generation 1 while the spec is at 2: nothing admitted yet.
+        assert_eq!(
+            *rx.borrow_and_update(),
+            FabricView {
+                traffic_class: Some(106),
+                qos_ready: Some(BTreeSet::new())
+            }
+        );
+
+        let (req, send) = handle.next_request().await.unwrap();
+        assert!(
+            req.uri().query().unwrap().contains("watch=true"),
+            "{}",
+            req.uri()
+        );
+        let mut applied = n.clone();
+        if let Some(s) = applied.status.as_mut() {
+            s.observed_generation = Some(2);
+        }
+        let event = |kind: &str| {
+            let mut line =
+                serde_json::to_vec(&serde_json::json!({ "type": kind, "object": applied }))
+                    .unwrap();
+            line.push(b'\n');
+            Response::new(Body::from(line))
+        };
+        send.send_response(event("MODIFIED"));
+        rx.changed().await.unwrap();
+        assert_eq!(
+            rx.borrow_and_update().qos_ready,
+            Some(["enp24s0np0".to_string()].into_iter().collect())
+        );
+
+        // The watch stream ended; the watcher resumes it, and the node is deleted.
+        let (req, send) = handle.next_request().await.unwrap();
+        assert!(
+            req.uri().query().unwrap().contains("watch=true"),
+            "{}",
+            req.uri()
+        );
+        send.send_response(event("DELETED"));
+        rx.changed().await.unwrap();
+        assert_eq!(
+            *rx.borrow_and_update(),
+            FabricView {
+                traffic_class: None,
+                qos_ready: None
+            },
+            "deleted: no gate"
+        );
+        drop(rx);
+        // The task ends once nobody listens (it may be waiting on the re-watch).
+        let _ = handle.next_request().await;
+        tokio::time::timeout(std::time::Duration::from_secs(5), task)
+            .await
+            .unwrap()
+            .unwrap();
+    }
 }
