@@ -2,7 +2,8 @@
 //! - `chart`: renders `charts/rocefabric` with the real Helm engine and asserts least privilege;
 //! - `node`: the node daemon binary against the DGX fixture tree, a kubelet emulator over a real
 //!   unix socket, and QoS on a veth pair in a network namespace the test creates;
-//! - `cluster`: install the chart on a real cluster (runs only when `KUBECONFIG` points at one).
+//! - `cluster`: install the chart on a real cluster (runs only when `KUBECONFIG` points at one);
+//! - `snapshot`: `rocefabric-operator plan` over the example cluster snapshot of the README demo.
 //!
 //! This library holds what the suites share: locating the workspace and the Helm engine, parsing
 //! rendered manifests, and reporting a skipped test by name. It is not used by the product.
