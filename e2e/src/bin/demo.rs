@@ -1,0 +1,107 @@
+//! The newcomer's first run: the node daemon against the bundled DGX H100 fixture with an
+//! in-process kubelet emulator, then the operator's `plan` over the example cluster snapshot.
+//! Needs no cluster, no RDMA hardware and no privileges.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context;
+use rocefabric_api::constants::{GPU_HCA_RESOURCE, HCA_RESOURCE};
+use rocefabric_device_plugin::config::Config;
+use rocefabric_device_plugin::kubelet::emulator::KubeletEmulator;
+use rocefabric_device_plugin::serve::{self, ServeOptions};
+use rocefabric_device_plugin::{cli::discover, fabric_view, fixtures, inventory};
+use rocefabric_operator::cli::plan::{self as operator_plan, OutputFormat, PlanArgs};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn section(title: &str) {
+    println!("\n=== {title} ===\n");
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let sysfs = fixtures::tempdir().context("cannot create a temp dir for the fixture")?;
+    fixtures::FixtureNode::dgx_h100()
+        .write_to(sysfs.path())
+        .context("cannot write the DGX H100 fixture")?;
+
+    // A fabric with DSCP 26 tells workloads to use ToS 106 (NCCL_IB_TC / UCX_IB_TRAFFIC_CLASS).
+    let config = Config {
+        traffic_class: Some(rocefabric_api::constants::traffic_class(26)),
+        ..Config::default()
+    };
+
+    section("1. discovery: DGX H100 fixture (rocefabric-device-plugin discover --fixture dgx-h100)");
+    let inv = inventory::discover(sysfs.path(), &config.hca.selector)
+        .context("discovery failed on the fixture")?;
+    print!("{}", discover::table(&inv));
+
+    section("2. registration with an in-process kubelet emulator");
+    let plugin_dir = fixtures::tempdir().context("cannot create the plugin dir")?;
+    let kubelet = KubeletEmulator::start(plugin_dir.path()).await?;
+    let options = ServeOptions::new(
+        config.clone(),
+        sysfs.path().to_path_buf(),
+        PathBuf::from("/dev"),
+        plugin_dir.path().to_path_buf(),
+    );
+    let (_view_tx, view_rx) = fabric_view::static_view(&config);
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let daemon = tokio::spawn(serve::run(options, view_rx, async {
+        let _ = stop_rx.await;
+    }));
+    let resources = [HCA_RESOURCE, config.gpu.resource_name.as_str(), GPU_HCA_RESOURCE];
+    let snapshot = kubelet.wait_for_resources(&resources, WAIT).await?;
+    for (name, reg) in snapshot.registered() {
+        let devices = snapshot.devices_of(name).unwrap_or_default();
+        let healthy = devices.iter().filter(|d| d.health == "Healthy").count();
+        println!(
+            "{name:<16} endpoint {:<32} {:>2} devices ({healthy} healthy), preferred allocation: {}",
+            reg.request.endpoint,
+            devices.len(),
+            reg.request.options.as_ref().is_some_and(|o| o.get_preferred_allocation_available),
+        );
+    }
+
+    section("3. one allocation: 2 x rdma/hca, the kubelet's choice from GetPreferredAllocation");
+    let available: Vec<String> = snapshot
+        .devices_of(HCA_RESOURCE)
+        .unwrap_or_default()
+        .iter()
+        .map(|d| d.id.clone())
+        .collect();
+    let available: Vec<&str> = available.iter().map(String::as_str).collect();
+    let chosen = kubelet.preferred_allocation(HCA_RESOURCE, &available, &[], 2).await?;
+    println!("preferred: {}", chosen.join(", "));
+    let chosen: Vec<&str> = chosen.iter().map(String::as_str).collect();
+    let response = kubelet.allocate(HCA_RESOURCE, &chosen).await?;
+    println!("device nodes:");
+    for d in &response.devices {
+        println!("  {} -> {} ({})", d.host_path, d.container_path, d.permissions);
+    }
+    println!("environment:");
+    let mut envs: Vec<_> = response.envs.iter().collect();
+    envs.sort();
+    for (k, v) in envs {
+        println!("  {k}={v}");
+    }
+
+    let _ = stop_tx.send(());
+    daemon.await.context("the daemon task panicked")??;
+    kubelet.stop().await;
+
+    section("4. the operator's plan over examples/ (rocefabric-operator plan ...)");
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let args = PlanArgs {
+        fabrics: vec![examples.join("rocefabric-dgx.yaml")],
+        nodes: vec![examples.join("cluster-snapshot/nodes.yaml")],
+        pods: vec![examples.join("cluster-snapshot/pods.yaml")],
+        roce_nodes: Vec::new(),
+        output: OutputFormat::Table,
+    };
+    let out = operator_plan::plan_files(&args)?;
+    print!("{}", operator_plan::render_table(&out));
+    println!("\nNext: cargo test --workspace; then README.md \"Install on a cluster\".");
+    Ok(())
+}
