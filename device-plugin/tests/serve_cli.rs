@@ -20,8 +20,12 @@ fn serve_command(sysfs: &Path, plugin_dir: &Path, extra: &[&str]) -> Command {
         .arg("--plugin-dir")
         .arg(plugin_dir)
         .args(extra)
+        // No cluster: no node name from the environment, no kubeconfig, not in a pod.
         .env_remove("NODE_NAME")
         .env_remove("KUBECONFIG")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("KUBERNETES_SERVICE_PORT")
+        .env("HOME", plugin_dir.parent().unwrap_or(plugin_dir))
         .env("RUST_LOG", "info");
     cmd
 }
@@ -76,6 +80,40 @@ fn a_missing_config_file_is_named() {
         .expect("run binary");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("nope.yaml"));
+}
+
+#[test]
+fn an_enabled_qos_gate_needs_the_node_name_and_the_api() {
+    let dir = fixtures::tempdir().expect("temp dir");
+    let sysfs = dir.path().join("sys");
+    FixtureNode::dgx_h100().write_to(&sysfs).expect("fixture");
+    let config = dir.path().join("config.yaml");
+    std::fs::write(&config, "qosGate: enabled\n").expect("config");
+    let plugin_dir = dir.path().join("plugins");
+
+    let out = serve_command(&sysfs, &plugin_dir, &[])
+        .arg("--config")
+        .arg(&config)
+        .output();
+    let out = out.expect("run binary");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("qosGate = enabled") && stderr.contains("--node-name"),
+        "{stderr}"
+    );
+
+    let out = serve_command(&sysfs, &plugin_dir, &["--node-name", "dgx-01"])
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .expect("run binary");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("qosGate = enabled needs the Kubernetes API"),
+        "{stderr}"
+    );
 }
 
 /// Kill the child on drop so a failing test leaves no daemon behind.

@@ -2,11 +2,13 @@
 
 use std::path::PathBuf;
 
-use anyhow::Context;
+use anyhow::{Context, bail};
+use tokio::sync::watch;
 
-use crate::config::Config;
-use crate::fabric_view;
+use crate::config::{Config, QosGate};
+use crate::fabric_view::{self, FabricView};
 use crate::kubelet::DEFAULT_PLUGIN_DIR;
+use crate::qos::gate;
 use crate::serve::{self, ServeOptions};
 
 /// Serve `rdma/hca`, the GPUs and `rdma/gpu-hca` to the kubelet (one socket per resource).
@@ -63,11 +65,49 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .build()
         .context("failed to start the async runtime")?;
     runtime.block_on(async {
-        // No RoceNode producer is plugged in here: the config's traffic class, no QoS gate.
-        let (_view_tx, view_rx) = fabric_view::static_view(&options.config);
-        serve::run(options, view_rx, shutdown_signal()).await
-    })?;
-    Ok(())
+        // Holds the static view's sender for as long as the daemon runs.
+        let (_static_tx, view_rx) = fabric_view_source(&options).await?;
+        serve::run(options, view_rx, shutdown_signal()).await?;
+        anyhow::Ok(())
+    })
+}
+
+/// Where the QoS gate and the traffic class come from: the node's `RoceNode` when this process
+/// knows its node name and can reach the API server, otherwise the config alone (no gate). With
+/// `qosGate: enabled` the RoceNode is required and its absence is an error at start.
+async fn fabric_view_source(
+    options: &ServeOptions,
+) -> anyhow::Result<(
+    Option<watch::Sender<FabricView>>,
+    watch::Receiver<FabricView>,
+)> {
+    let gate = options.config.qos_gate;
+    let static_view = || {
+        let (tx, rx) = fabric_view::static_view(&options.config);
+        (Some(tx), rx)
+    };
+    let Some(node) = options.node_name.clone() else {
+        if gate == QosGate::Enabled {
+            bail!(
+                "invalid config: qosGate = enabled needs the node name (--node-name or NODE_NAME) to follow the node's RoceNode"
+            );
+        }
+        tracing::info!("no node name: QoS gate off, traffic class from the config");
+        return Ok(static_view());
+    };
+    match kube::Client::try_default().await {
+        Ok(client) => {
+            tracing::info!(%node, ?gate, "following the node's RoceNode for the QoS gate");
+            Ok((None, gate::spawn_fabric_view(client, node, gate)))
+        }
+        Err(error) if gate == QosGate::Enabled => Err(anyhow::Error::new(error)
+            .context("qosGate = enabled needs the Kubernetes API to follow the node's RoceNode")),
+        Err(error) => {
+            tracing::warn!(%node, %error,
+                "no Kubernetes API access: QoS gate off, traffic class from the config");
+            Ok(static_view())
+        }
+    }
 }
 
 /// Completes on SIGTERM or SIGINT (ctrl-c).
