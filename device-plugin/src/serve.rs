@@ -21,6 +21,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -50,6 +54,59 @@ pub struct ServeOptions {
     /// Interval of the fallback check of our sockets and `kubelet.sock` (inotify is the primary
     /// signal; this only catches lost events).
     pub liveness_interval: Duration,
+    /// Where the daemon counts what it does; register it with a [`Registry`] to export it.
+    pub metrics: Arc<ServeMetrics>,
+}
+
+type Labels = Vec<(&'static str, String)>;
+
+/// What the daemon counts, for `/metrics`.
+#[derive(Debug, Default)]
+pub struct ServeMetrics {
+    /// Devices listed to the kubelet, per resource and health.
+    pub devices: Family<Labels, Gauge>,
+    /// `Register` attempts, per resource and result (`success` or an error label).
+    pub registrations: Family<Labels, Counter>,
+    /// `Allocate` calls, per resource and result (`success`, `unknown_device`, `failed`).
+    pub allocations: Family<Labels, Counter>,
+    /// Kubelet restarts noticed (a new `kubelet.sock`).
+    pub kubelet_restarts: Counter,
+    /// Discovery passes that failed as a whole (the last inventory was kept).
+    pub discovery_failures: Counter,
+}
+
+impl ServeMetrics {
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "rocefabric_device_plugin_devices",
+            "Devices listed to the kubelet, per resource and health",
+            self.devices.clone(),
+        );
+        registry.register(
+            "rocefabric_device_plugin_registrations",
+            "Register calls to the kubelet, per resource and result",
+            self.registrations.clone(),
+        );
+        registry.register(
+            "rocefabric_device_plugin_allocations",
+            "Allocate calls from the kubelet, per resource and result",
+            self.allocations.clone(),
+        );
+        registry.register(
+            "rocefabric_device_plugin_kubelet_restarts",
+            "Kubelet restarts noticed (kubelet.sock created again)",
+            self.kubelet_restarts.clone(),
+        );
+        registry.register(
+            "rocefabric_device_plugin_discovery_failures",
+            "Discovery passes that failed as a whole",
+            self.discovery_failures.clone(),
+        );
+    }
+
+    fn labels(resource: &str, key: &'static str, value: &str) -> Labels {
+        vec![("resource", resource.to_string()), (key, value.to_string())]
+    }
 }
 
 impl ServeOptions {
@@ -70,6 +127,7 @@ impl ServeOptions {
             node_name: None,
             registration_backoff: Backoff::default(),
             liveness_interval: Duration::from_secs(10),
+            metrics: Arc::default(),
         }
     }
 }
@@ -129,12 +187,13 @@ pub fn with_departed(
 /// The publishing side: node state and per-resource lists, updated from inventory and view.
 struct Publisher {
     config: Arc<Config>,
+    metrics: Arc<ServeMetrics>,
     state: watch::Sender<Arc<NodeState>>,
     lists: Vec<DeviceList>,
 }
 
 impl Publisher {
-    fn new(config: Arc<Config>) -> Self {
+    fn new(config: Arc<Config>, metrics: Arc<ServeMetrics>) -> Self {
         let lists = ResourceKind::enabled_kinds(&config)
             .into_iter()
             .map(|kind| DeviceList {
@@ -145,6 +204,7 @@ impl Publisher {
             .collect();
         Self {
             config,
+            metrics,
             state: watch::Sender::new(Arc::new(NodeState::default())),
             lists,
         }
@@ -159,11 +219,22 @@ impl Publisher {
                 &mut list.known,
             );
             let resource = list.kind.resource_name(&self.config).to_string();
+            let unhealthy = devices
+                .iter()
+                .filter(|d| d.health != Health::Healthy.as_str())
+                .count();
+            let healthy = devices.len() - unhealthy;
+            for (health, n) in [(Health::Healthy, healthy), (Health::Unhealthy, unhealthy)] {
+                let labels = ServeMetrics::labels(&resource, "health", health.as_str());
+                self.metrics
+                    .devices
+                    .get_or_create(&labels)
+                    .set(i64::try_from(n).unwrap_or(i64::MAX));
+            }
             list.tx.send_if_modified(|current| {
                 if *current == devices {
                     return false;
                 }
-                let unhealthy = devices.iter().filter(|d| d.health != Health::Healthy.as_str()).count();
                 tracing::info!(%resource, devices = devices.len(), unhealthy, "device list changed");
                 *current = devices;
                 true
@@ -188,6 +259,7 @@ impl Publisher {
             name: list.kind.resource_name(&self.config).to_string(),
             config: Arc::clone(&self.config),
             dev_root: dev_root.to_path_buf(),
+            metrics: Arc::clone(&self.metrics),
             state: self.state.subscribe(),
             devices: list.tx.subscribe(),
         })
@@ -200,6 +272,7 @@ pub struct ResourceBackend {
     name: String,
     config: Arc<Config>,
     dev_root: PathBuf,
+    metrics: Arc<ServeMetrics>,
     state: watch::Receiver<Arc<NodeState>>,
     devices: watch::Receiver<Vec<pb::Device>>,
 }
@@ -254,14 +327,21 @@ impl DeviceBackend for ResourceBackend {
         device_ids: &[String],
     ) -> Result<pb::ContainerAllocateResponse, BackendError> {
         let state = self.node_state();
-        let alloc = allocation::allocate(
+        let result = allocation::allocate(
             self.kind,
             &state.inventory,
             &self.config,
             state.traffic_class,
             device_ids,
-        )
-        .map_err(|e| match e {
+        );
+        let outcome = match &result {
+            Ok(_) => "success",
+            Err(allocation::AllocateError::UnknownDevice { .. }) => "unknown_device",
+            Err(_) => "failed",
+        };
+        let labels = ServeMetrics::labels(&self.name, "result", outcome);
+        self.metrics.allocations.get_or_create(&labels).inc();
+        let alloc = result.map_err(|e| match e {
             allocation::AllocateError::UnknownDevice { resource, id } => {
                 BackendError::UnknownDevice { resource, id }
             }
@@ -336,7 +416,10 @@ async fn poll_loop(
         tokio::select! {
             _ = ticks.tick() => match discover(&sysfs_root, &config).await {
                 Ok(found) => inventory = found,
-                Err(error) => tracing::warn!(%error, "discovery failed; keeping the last inventory"),
+                Err(error) => {
+                    publisher.metrics.discovery_failures.inc();
+                    tracing::warn!(%error, "discovery failed; keeping the last inventory");
+                }
             },
             changed = view_rx.changed(), if view_open => match changed {
                 Ok(()) => {
@@ -384,6 +467,7 @@ impl Managed {
 struct Supervisor {
     kubelet_socket: PathBuf,
     backoff: Backoff,
+    metrics: Arc<ServeMetrics>,
     resources: Vec<Managed>,
 }
 
@@ -428,13 +512,23 @@ impl Supervisor {
         let request = registration::register_request(m.name(), &m.socket_name);
         let kubelet_socket = self.kubelet_socket.clone();
         let backoff = self.backoff;
+        let metrics = Arc::clone(&self.metrics);
         m.registration = Some(tokio::spawn(async move {
-            registration::register_with_backoff(&kubelet_socket, request, backoff).await
+            let resource = request.resource_name.clone();
+            registration::register_with_backoff(&kubelet_socket, request, backoff, |outcome| {
+                let result = outcome.map_or_else(|e| e.metric_label(), |()| "success");
+                let labels = ServeMetrics::labels(&resource, "result", result);
+                metrics.registrations.get_or_create(&labels).inc();
+            })
+            .await
         }));
     }
 
     /// React to directory events (already merged).
     async fn handle(&mut self, kubelet_restarted: bool, removed: &[String]) {
+        if kubelet_restarted {
+            self.metrics.kubelet_restarts.inc();
+        }
         for i in 0..self.resources.len() {
             let m = &self.resources[i];
             let hit = removed.contains(&m.socket_name);
@@ -522,7 +616,7 @@ pub async fn run(
     };
     tracing::info!(node = node_name.as_deref().unwrap_or(""), hcas = inventory.hcas.len(),
         gpus = inventory.gpus.len(), plugin_dir = %plugin_dir.display(), "starting device plugin");
-    let mut publisher = Publisher::new(Arc::clone(&config));
+    let mut publisher = Publisher::new(Arc::clone(&config), Arc::clone(&options.metrics));
     let mut view_rx = fabric_view;
     let view = view_rx.borrow_and_update().clone();
     publisher.publish(&inventory, &view);
@@ -530,6 +624,7 @@ pub async fn run(
     let mut supervisor = Supervisor {
         kubelet_socket: kubelet_socket.clone(),
         backoff: options.registration_backoff,
+        metrics: Arc::clone(&options.metrics),
         resources: publisher
             .lists
             .iter()

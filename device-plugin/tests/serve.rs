@@ -591,3 +591,63 @@ async fn refuses_to_start_on_a_missing_sysfs_root() {
     let err = Daemon::start(options).stop().await.expect_err("refused");
     assert!(err.to_string().contains("nope"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_devices_registrations_allocations_and_restarts() {
+    let node = Node::dgx();
+    let mut options = node.options(fast_config());
+    let metrics = std::sync::Arc::clone(&options.metrics);
+    let mut registry = prometheus_client::registry::Registry::default();
+    metrics.register(&mut registry);
+    let mut kubelet = KubeletEmulator::start(&node.plugin_dir)
+        .await
+        .expect("emulator");
+    options.config.gpu.enabled = false;
+    let daemon = Daemon::start(options);
+    kubelet
+        .wait_for_resources(&[HCA, GPU_HCA], WAIT)
+        .await
+        .expect("registered");
+
+    kubelet
+        .allocate(HCA, &["0000:18:00.0"])
+        .await
+        .expect("allocate");
+    kubelet
+        .allocate(HCA, &["0000:99:00.0"])
+        .await
+        .expect_err("unknown");
+    fixtures::set_port_state(&node.sysfs, "mlx5_0", 1, false).expect("link down");
+    kubelet
+        .wait_for_devices(HCA, WAIT, |d| {
+            health_of(d, "0000:18:00.0") == Some("Unhealthy")
+        })
+        .await
+        .expect("down");
+    kubelet.restart().await.expect("kubelet restart");
+    kubelet
+        .wait_for_resources(&[HCA, GPU_HCA], WAIT)
+        .await
+        .expect("registered again");
+
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+    for line in [
+        r#"rocefabric_device_plugin_devices{resource="rdma/hca",health="Healthy"} 13"#,
+        r#"rocefabric_device_plugin_devices{resource="rdma/hca",health="Unhealthy"} 1"#,
+        r#"rocefabric_device_plugin_devices{resource="rdma/gpu-hca",health="Healthy"} 7"#,
+        r#"rocefabric_device_plugin_allocations_total{resource="rdma/hca",result="success"} 1"#,
+        r#"rocefabric_device_plugin_allocations_total{resource="rdma/hca",result="unknown_device"} 1"#,
+        "rocefabric_device_plugin_kubelet_restarts_total 1",
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "missing {line:?} in\n{text}"
+        );
+    }
+    assert!(
+        !text.contains("nvidia.com/gpu"),
+        "a disabled resource is not reported"
+    );
+    daemon.stop().await.expect("clean stop");
+}

@@ -126,6 +126,21 @@ impl Drop for Daemon {
     }
 }
 
+/// A plain HTTP/1.1 GET on loopback; the whole response as text.
+fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect to metrics");
+    stream.set_read_timeout(Some(WAIT)).expect("timeout");
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send request");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("read response");
+    response
+}
+
 fn sigterm(child: &Child) {
     let status = Command::new("kill")
         .arg("-TERM")
@@ -144,7 +159,16 @@ async fn the_binary_registers_serves_and_cleans_up_on_sigterm() {
     let config = dir.path().join("config.yaml");
     std::fs::write(&config, "pollInterval: 50ms\ntrafficClass: 106\n").expect("config");
 
-    let mut cmd = serve_command(&sysfs, &plugin_dir, &["--node-name", "dgx-01"]);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let metrics_addr = format!("127.0.0.1:{port}");
+    let mut cmd = serve_command(
+        &sysfs,
+        &plugin_dir,
+        &["--node-name", "dgx-01", "--metrics-addr", &metrics_addr],
+    );
     cmd.arg("--config")
         .arg(&config)
         .stdout(Stdio::null())
@@ -172,6 +196,16 @@ async fn the_binary_registers_serves_and_cleans_up_on_sigterm() {
         })
         .await
         .expect("Unhealthy reported");
+
+    let metrics = http_get(&metrics_addr, "/metrics");
+    assert!(metrics.starts_with("HTTP/1.1 200"), "{metrics}");
+    assert!(
+        metrics.contains(
+            r#"rocefabric_device_plugin_devices{resource="rdma/hca",health="Unhealthy"} 1"#
+        ),
+        "{metrics}"
+    );
+    assert!(http_get(&metrics_addr, "/healthz").ends_with("ok"));
 
     sigterm(&daemon.0);
     let mut status = None;

@@ -1,6 +1,8 @@
 //! `rocefabric-device-plugin serve`: run the kubelet device plugin for this node's HCAs and GPUs.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use tokio::sync::watch;
@@ -8,7 +10,7 @@ use tokio::sync::watch;
 use crate::config::{Config, QosGate};
 use crate::fabric_view::{self, FabricView};
 use crate::kubelet::DEFAULT_PLUGIN_DIR;
-use crate::qos::gate;
+use crate::qos::{agent, gate};
 use crate::serve::{self, ServeOptions};
 
 /// Serve `rdma/hca`, the GPUs and `rdma/gpu-hca` to the kubelet (one socket per resource).
@@ -32,6 +34,9 @@ pub struct ServeArgs {
     /// This node's name (for logs and the node's RoceNode).
     #[arg(long, value_name = "NAME", env = "NODE_NAME")]
     pub node_name: Option<String>,
+    /// Serve `/metrics` (OpenMetrics) and `/healthz` on this address; off when not given.
+    #[arg(long, value_name = "ADDR", visible_alias = "metrics-bind-address")]
+    pub metrics_addr: Option<SocketAddr>,
 }
 
 impl ServeArgs {
@@ -67,7 +72,26 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     runtime.block_on(async {
         // Holds the static view's sender for as long as the daemon runs.
         let (_static_tx, view_rx) = fabric_view_source(&options).await?;
-        serve::run(options, view_rx, shutdown_signal()).await?;
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let stopped = |mut rx: watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+        };
+        if let Some(addr) = args.metrics_addr {
+            let mut registry = prometheus_client::registry::Registry::default();
+            options.metrics.register(&mut registry);
+            let server = agent::serve_metrics(addr, Arc::new(registry), stopped(stop_rx.clone()));
+            tokio::spawn(async move {
+                // The kubelet side matters more than metrics: keep serving devices regardless.
+                if let Err(error) = server.await {
+                    tracing::error!(%addr, %error, "metrics server failed");
+                }
+            });
+        }
+        tokio::spawn(async move {
+            shutdown_signal().await;
+            let _ = stop_tx.send(true);
+        });
+        serve::run(options, view_rx, stopped(stop_rx)).await?;
         anyhow::Ok(())
     })
 }

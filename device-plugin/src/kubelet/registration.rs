@@ -31,6 +31,18 @@ pub enum RegistrationError {
     Timeout { resource: String, timeout: Duration },
 }
 
+impl RegistrationError {
+    /// Short category, for metrics and log fields.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            RegistrationError::NonUtf8Path { .. } => "bad_path",
+            RegistrationError::Connect { .. } => "unreachable",
+            RegistrationError::Rejected { .. } => "rejected",
+            RegistrationError::Timeout { .. } => "timeout",
+        }
+    }
+}
+
 /// The `RegisterRequest` of a resource served on `endpoint` (a file name relative to the plugin
 /// directory).
 pub fn register_request(resource_name: &str, endpoint: &str) -> pb::RegisterRequest {
@@ -104,22 +116,26 @@ impl Backoff {
     }
 }
 
-/// Register until the kubelet accepts, waiting per `backoff` between failures. Never gives up;
-/// cancel it by dropping or aborting the future. Returns the number of attempts made.
+/// Register until the kubelet accepts, waiting per `backoff` between failures, telling
+/// `on_attempt` each outcome. Never gives up; cancel it by dropping or aborting the future.
+/// Returns the number of attempts made.
 pub async fn register_with_backoff(
     kubelet_socket: &Path,
     request: pb::RegisterRequest,
     backoff: Backoff,
+    on_attempt: impl Fn(Result<(), &RegistrationError>),
 ) -> u32 {
     let mut failures = 0u32;
     loop {
         match register(kubelet_socket, request.clone()).await {
             Ok(()) => {
+                on_attempt(Ok(()));
                 tracing::info!(resource = %request.resource_name, endpoint = %request.endpoint,
                     attempts = failures + 1, "registered with the kubelet");
                 return failures + 1;
             }
             Err(error) => {
+                on_attempt(Err(&error));
                 failures = failures.saturating_add(1);
                 let delay = backoff.delay(failures);
                 tracing::warn!(resource = %request.resource_name, %error, retry_in = ?delay,
