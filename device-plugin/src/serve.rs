@@ -571,6 +571,22 @@ fn inode(path: &Path) -> Option<u64> {
     std::fs::metadata(path).ok().map(|m| m.ino())
 }
 
+/// The watcher's next event; never completes without a watcher.
+async fn next_event(watcher: &mut Option<DirWatcher>) -> Option<DirEvent> {
+    match watcher {
+        Some(w) => w.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Sleep until `deadline`; never completes without one.
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Run the daemon until `shutdown` completes. `fabric_view` drives the QoS gate and the traffic
 /// class (see [`crate::fabric_view`]); pass [`crate::fabric_view::static_view`]'s receiver when no
 /// agent is plugged in. Returns an error only for problems found before serving starts.
@@ -604,7 +620,7 @@ pub async fn run(
         tracing::info!(socket = %path.display(), "removed stale socket of an earlier run");
     }
     // Watch before serving, so a kubelet restart during start-up is not missed.
-    let mut watcher = DirWatcher::start(&plugin_dir, &kubelet_socket)?;
+    let mut watcher = Some(DirWatcher::start(&plugin_dir, &kubelet_socket)?);
 
     let config = Arc::new(config);
     let inventory = match discover(&sysfs_root, &config).await {
@@ -660,21 +676,17 @@ pub async fn run(
     loop {
         let retry_at = supervisor.next_retry();
         tokio::select! {
-            event = watcher.next() => {
-                let Some(event) = event else {
+            event = next_event(&mut watcher) => {
+                let (Some(event), Some(w)) = (event, watcher.as_mut()) else {
                     tracing::error!("plugin directory watch ended; relying on the liveness check");
-                    // Keep running: the liveness check below still catches restarts.
-                    watcher = match DirWatcher::start(&plugin_dir, &kubelet_socket) {
-                        Ok(w) => w,
-                        Err(error) => { tracing::error!(%error, "cannot watch again"); continue }
-                    };
+                    watcher = None;
                     continue;
                 };
                 // Merge everything already queued: a kubelet restart deletes our sockets and
                 // then creates kubelet.sock, and one pass should handle it all.
                 let mut kubelet_restarted = false;
                 let mut removed = Vec::new();
-                for e in std::iter::once(event).chain(std::iter::from_fn(|| watcher.try_next())) {
+                for e in std::iter::once(event).chain(std::iter::from_fn(|| w.try_next())) {
                     match e {
                         DirEvent::KubeletSocketCreated => kubelet_restarted = true,
                         DirEvent::OwnSocketRemoved(name) => removed.push(name),
@@ -686,10 +698,14 @@ pub async fn run(
                 }
                 supervisor.handle(kubelet_restarted, &removed).await;
             }
-            () = async { if let Some(t) = retry_at { tokio::time::sleep_until(t).await } else { std::future::pending().await } } => {
-                supervisor.retry_due().await;
-            }
+            () = sleep_until(retry_at) => supervisor.retry_due().await,
             _ = liveness.tick() => {
+                if watcher.is_none() {
+                    match DirWatcher::start(&plugin_dir, &kubelet_socket) {
+                        Ok(w) => watcher = Some(w),
+                        Err(error) => tracing::error!(%error, "cannot watch the plugin directory again"),
+                    }
+                }
                 let now_ino = inode(&kubelet_socket);
                 let kubelet_restarted = now_ino.is_some() && now_ino != kubelet_ino;
                 kubelet_ino = now_ino;
