@@ -398,6 +398,7 @@ pub async fn reconcile(
     let roots = ctx.roots.clone();
     let kernel = ctx.kernel.clone();
     let target = node.clone();
+    let wanted = desired.clone();
     let results: Vec<(Selected, Result<Outcome, String>)> =
         tokio::task::spawn_blocking(move || {
             let selected = select_interfaces(&roots, &target)?;
@@ -405,7 +406,7 @@ pub async fn reconcile(
                 selected
                     .into_iter()
                     .map(|s| {
-                        let outcome = kernel.apply(&s.files, &desired);
+                        let outcome = kernel.apply(&s.files, &wanted);
                         (s, outcome)
                     })
                     .collect(),
@@ -414,7 +415,6 @@ pub async fn reconcile(
         .await
         .map_err(|e| AgentError::Task(e.to_string()))??;
 
-    let desired = Desired::from_spec(&node.spec.qos);
     let mut interfaces = Vec::with_capacity(results.len());
     for (sel, outcome) in &results {
         let status = match outcome {
@@ -511,7 +511,9 @@ pub async fn run(
     let mut stream = watcher::watcher(api, config).default_backoff().boxed();
     let mut node: Option<RoceNode> = None;
     let mut listing: Option<Option<RoceNode>> = None;
-    let mut done: Option<(Option<String>, Option<i64>)> = None;
+    // The spec last passed over (successfully or not): a new one is applied at once, the same
+    // one again only at the next resync or retry.
+    let mut attempted: Option<(Option<String>, Option<i64>)> = None;
     let mut due: Option<Instant> = None;
     let mut failures = 0u32;
     tokio::pin!(shutdown);
@@ -539,10 +541,10 @@ pub async fn run(
                     continue;
                 }
                 match &node {
-                    Some(n) if Some(spec_key(n)) != done => due = Some(Instant::now()),
+                    Some(n) if Some(spec_key(n)) != attempted => due = Some(Instant::now()),
                     Some(_) => {}
                     None => {
-                        if done.take().is_some() {
+                        if attempted.take().is_some() {
                             info!("RoceNode gone; idle until it returns");
                         }
                         due = None;
@@ -554,10 +556,10 @@ pub async fn run(
             }
             () = wait => {
                 let Some(n) = node.clone() else { due = None; continue };
+                attempted = Some(spec_key(&n));
                 match reconcile(&ctx, &n, Time(Timestamp::now())).await {
                     Ok(_) => {
                         failures = 0;
-                        done = Some(spec_key(&n));
                         ctx.metrics.syncs.get_or_create(&vec![("result", "success".to_string())]).inc();
                         due = Some(Instant::now() + resync);
                     }

@@ -53,14 +53,15 @@ pub struct Sample {
     pub hw: Vec<(&'static str, &'static str, u64)>,
 }
 
-/// Read one interface's counters.
-pub fn sample(dcb: &mut dyn DcbOps, files: &NetdevFiles) -> Sample {
-    let pfc = match dcb.ieee_get(&files.netdev) {
-        Ok(state) => state.pfc,
-        Err(error) => {
+/// Read one interface's counters (`dcb`: `None` when no netlink socket could be opened).
+pub fn sample(dcb: Option<&mut dyn DcbOps>, files: &NetdevFiles) -> Sample {
+    let pfc = match dcb.map(|d| d.ieee_get(&files.netdev)) {
+        Some(Ok(state)) => state.pfc,
+        Some(Err(error)) => {
             debug!(netdev = %files.netdev, %error, "no PFC counters");
             None
         }
+        None => None,
     };
     let hw = HW_COUNTERS
         .iter()
@@ -154,56 +155,20 @@ impl FabricCounters {
     pub fn samples(&self) -> Vec<Sample> {
         let targets = self.targets.read().map(|t| t.clone()).unwrap_or_default();
         let mut dcb = (self.dcb)();
-        targets
-            .iter()
-            .map(|files| match dcb.as_deref_mut() {
-                Some(d) => sample(d, files),
-                None => sample(&mut NoDcb, files),
-            })
-            .collect()
+        let mut out = Vec::with_capacity(targets.len());
+        for files in &targets {
+            out.push(match dcb.as_mut() {
+                Some(d) => sample(Some(d.as_mut()), files),
+                None => sample(None, files),
+            });
+        }
+        out
     }
 }
 
 impl Collector for FabricCounters {
     fn encode(&self, encoder: DescriptorEncoder<'_>) -> Result<(), fmt::Error> {
         encode(&self.samples(), encoder)
-    }
-}
-
-/// DCB unavailable (the socket could not be opened).
-struct NoDcb;
-
-impl DcbOps for NoDcb {
-    fn ieee_get(
-        &mut self,
-        ifname: &str,
-    ) -> Result<super::dcbnl::IeeeState, super::dcbnl::DcbError> {
-        Err(unavailable(ifname))
-    }
-    fn set_pfc(&mut self, ifname: &str, _: &IeeePfc) -> Result<(), super::dcbnl::DcbError> {
-        Err(unavailable(ifname))
-    }
-    fn add_apps(
-        &mut self,
-        ifname: &str,
-        _: &[super::dcbnl::DcbApp],
-    ) -> Result<(), super::dcbnl::DcbError> {
-        Err(unavailable(ifname))
-    }
-    fn del_apps(
-        &mut self,
-        ifname: &str,
-        _: &[super::dcbnl::DcbApp],
-    ) -> Result<(), super::dcbnl::DcbError> {
-        Err(unavailable(ifname))
-    }
-}
-
-fn unavailable(ifname: &str) -> super::dcbnl::DcbError {
-    super::dcbnl::DcbError {
-        op: "open",
-        ifname: ifname.to_string(),
-        source: super::netlink::NetlinkError::Io("no netlink socket".into()),
     }
 }
 
@@ -295,7 +260,10 @@ mod tests {
     #[test]
     fn no_dcb_leaves_pfc_out() {
         let dir = tempfile::tempdir().unwrap();
-        let s = sample(&mut FakeDcb::default(), &files(dir.path(), "veth0", "none"));
+        let s = sample(
+            Some(&mut FakeDcb::default()),
+            &files(dir.path(), "veth0", "none"),
+        );
         assert_eq!(s.pfc, None);
         assert!(s.hw.is_empty());
     }

@@ -297,8 +297,6 @@ impl RouteSocket {
         let mut socket = netlink_sys::Socket::new(netlink_sys::protocols::NETLINK_ROUTE)?;
         socket.bind_auto()?;
         socket.connect(&netlink_sys::SocketAddr::new(0, 0))?;
-        // Extended acks give error messages for rtnetlink; not needed for the errno itself.
-        let _ = socket.set_ext_ack(false);
         Ok(Self { socket })
     }
 }
