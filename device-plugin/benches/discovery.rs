@@ -17,6 +17,12 @@ fn benches(c: &mut Criterion) {
         .write_to(dir.path())
         .expect("write fixture");
     let selector = NicSelector::default();
+    c.bench_function("write dgx-h100 fixture", |b| {
+        b.iter(|| {
+            let d = fixtures::tempdir().expect("temp dir");
+            FixtureNode::dgx_h100().write_to(d.path()).expect("write fixture");
+        })
+    });
     c.bench_function("discover dgx-h100", |b| {
         b.iter(|| inventory::discover(black_box(dir.path()), &selector).expect("discover"))
     });

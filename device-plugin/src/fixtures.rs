@@ -19,7 +19,7 @@
 //! Runtime helpers change a written tree the way the kernel would: [`set_port_state`],
 //! [`remove_rdma_device`], [`remove_pci_function`].
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::fs;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -552,6 +552,11 @@ impl FixtureNode {
 
     /// Write the tree under `root` (created when missing).
     pub fn write_to(&self, root: &Path) -> io::Result<()> {
+        let mut w = Writer {
+            root,
+            made: HashSet::new(),
+        };
+        let w = &mut w;
         for d in [
             "devices",
             "class/net",
@@ -561,15 +566,15 @@ impl FixtureNode {
             "bus/pci/devices",
             "bus/pci/drivers",
         ] {
-            fs::create_dir_all(root.join(d))?;
+            w.mkdir(Path::new(d))?;
         }
-        write(root, Path::new("class/infiniband_verbs/abi_version"), "6\n")?;
-        write(root, Path::new("class/infiniband_mad/abi_version"), "5\n")?;
+        w.write(Path::new("class/infiniband_verbs/abi_version"), "6\n")?;
+        w.write(Path::new("class/infiniband_mad/abi_version"), "5\n")?;
         let mut bridges_done = BTreeSet::new();
         let mut ifindex = 2;
         for f in &self.functions {
             let mut dir = PathBuf::from("devices").join(&f.root);
-            fs::create_dir_all(root.join(&dir))?;
+            w.mkdir(&dir)?;
             for (depth, b) in f.bridges.iter().enumerate() {
                 dir.push(b);
                 if bridges_done.insert(dir.clone()) {
@@ -579,25 +584,30 @@ impl FixtureNode {
                     } else {
                         (0x1000, 0xc030)
                     };
-                    write_pci_attrs(root, &dir, vendor, device, CLASS_BRIDGE, f.numa_node)?;
-                    symlink(root, &Path::new("bus/pci/devices").join(b), &dir)?;
-                    write(root, &dir.join("driver_override"), "(null)\n")?;
+                    write_pci_attrs(w, &dir, vendor, device, CLASS_BRIDGE, f.numa_node)?;
+                    w.symlink(&Path::new("bus/pci/devices").join(b), &dir)?;
+                    w.write(&dir.join("driver_override"), "(null)\n")?;
                 }
             }
-            self.write_function(root, f, &mut ifindex)?;
+            self.write_function(w, f, &mut ifindex)?;
         }
         Ok(())
     }
 
-    fn write_function(&self, root: &Path, f: &PciFunction, ifindex: &mut u32) -> io::Result<()> {
+    fn write_function(
+        &self,
+        w: &mut Writer<'_>,
+        f: &PciFunction,
+        ifindex: &mut u32,
+    ) -> io::Result<()> {
         let dir = f.sysfs_dir();
-        write_pci_attrs(root, &dir, f.vendor, f.device, f.class, f.numa_node)?;
-        symlink(root, &Path::new("bus/pci/devices").join(&f.address), &dir)?;
+        write_pci_attrs(w, &dir, f.vendor, f.device, f.class, f.numa_node)?;
+        w.symlink(&Path::new("bus/pci/devices").join(&f.address), &dir)?;
         if let Some(drv) = &f.driver {
             let drv_dir = Path::new("bus/pci/drivers").join(drv);
-            fs::create_dir_all(root.join(&drv_dir))?;
-            symlink(root, &dir.join("driver"), &drv_dir)?;
-            symlink(root, &drv_dir.join(&f.address), &dir)?;
+            w.mkdir(&drv_dir)?;
+            w.symlink(&dir.join("driver"), &drv_dir)?;
+            w.symlink(&drv_dir.join(&f.address), &dir)?;
         }
         for n in &f.netdevs {
             let nd = dir.join("net").join(&n.name);
@@ -606,32 +616,27 @@ impl FixtureNode {
                 "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}\n",
                 m[0], m[1], m[2], m[3], m[4], m[5]
             );
-            write(root, &nd.join("address"), &mac)?;
-            write(
-                root,
-                &nd.join("operstate"),
-                if n.up { "up\n" } else { "down\n" },
-            )?;
-            write(root, &nd.join("carrier"), if n.up { "1\n" } else { "0\n" })?;
-            write(root, &nd.join("dev_port"), &format!("{}\n", n.dev_port))?;
-            write(root, &nd.join("ifindex"), &format!("{ifindex}\n"))?;
-            write(root, &nd.join("type"), &format!("{}\n", n.arp_type))?;
-            write(
-                root,
+            w.write(&nd.join("address"), &mac)?;
+            w.write(&nd.join("operstate"), if n.up { "up\n" } else { "down\n" })?;
+            w.write(&nd.join("carrier"), if n.up { "1\n" } else { "0\n" })?;
+            w.write(&nd.join("dev_port"), &format!("{}\n", n.dev_port))?;
+            w.write(&nd.join("ifindex"), &format!("{ifindex}\n"))?;
+            w.write(&nd.join("type"), &format!("{}\n", n.arp_type))?;
+            w.write(
                 &nd.join("mtu"),
                 if n.arp_type == 32 { "4092\n" } else { "9000\n" },
             )?;
-            symlink(root, &nd.join("device"), &dir)?;
-            symlink(root, &Path::new("class/net").join(&n.name), &nd)?;
+            w.symlink(&nd.join("device"), &dir)?;
+            w.symlink(&Path::new("class/net").join(&n.name), &nd)?;
             *ifindex += 1;
         }
         if let Some(r) = &f.rdma {
-            self.write_rdma(root, f, r)?;
+            self.write_rdma(w, f, r)?;
         }
         Ok(())
     }
 
-    fn write_rdma(&self, root: &Path, f: &PciFunction, r: &RdmaDevice) -> io::Result<()> {
+    fn write_rdma(&self, w: &mut Writer<'_>, f: &PciFunction, r: &RdmaDevice) -> io::Result<()> {
         let dir = f.sysfs_dir();
         let ib = dir.join("infiniband").join(&r.name);
         let node_type = match r.node_type {
@@ -641,36 +646,29 @@ impl FixtureNode {
             4 => "4: RNIC",
             _ => "0: <unknown>",
         };
-        write(root, &ib.join("node_type"), &format!("{node_type}\n"))?;
-        write(
-            root,
+        w.write(&ib.join("node_type"), &format!("{node_type}\n"))?;
+        w.write(
             &ib.join("node_guid"),
             &format!("{}\n", guid_text(r.node_guid)),
         )?;
-        write(
-            root,
+        w.write(
             &ib.join("sys_image_guid"),
             &format!("{}\n", guid_text(r.node_guid)),
         )?;
-        write(root, &ib.join("fw_ver"), &format!("{}\n", r.fw_ver))?;
+        w.write(&ib.join("fw_ver"), &format!("{}\n", r.fw_ver))?;
         if let Some(t) = &r.hca_type {
-            write(root, &ib.join("hca_type"), &format!("{t}\n"))?;
+            w.write(&ib.join("hca_type"), &format!("{t}\n"))?;
         }
-        write(
-            root,
-            &ib.join("node_desc"),
-            &format!("fixture {}\n", r.name),
-        )?;
-        symlink(root, &ib.join("device"), &dir)?;
-        symlink(root, &Path::new("class/infiniband").join(&r.name), &ib)?;
+        w.write(&ib.join("node_desc"), &format!("fixture {}\n", r.name))?;
+        w.symlink(&ib.join("device"), &dir)?;
+        w.symlink(&Path::new("class/infiniband").join(&r.name), &ib)?;
         if let Some(n) = r.uverbs {
             let uv = dir.join("infiniband_verbs").join(format!("uverbs{n}"));
-            write(root, &uv.join("ibdev"), &format!("{}\n", r.name))?;
-            write(root, &uv.join("abi_version"), "1\n")?;
-            write(root, &uv.join("dev"), &format!("231:{}\n", 192 + n))?;
-            symlink(root, &uv.join("device"), &dir)?;
-            symlink(
-                root,
+            w.write(&uv.join("ibdev"), &format!("{}\n", r.name))?;
+            w.write(&uv.join("abi_version"), "1\n")?;
+            w.write(&uv.join("dev"), &format!("231:{}\n", 192 + n))?;
+            w.symlink(&uv.join("device"), &dir)?;
+            w.symlink(
                 &Path::new("class/infiniband_verbs").join(format!("uverbs{n}")),
                 &uv,
             )?;
@@ -682,24 +680,24 @@ impl FixtureNode {
             } else {
                 ("1: DOWN", "3: Disabled")
             };
-            write(root, &pd.join("state"), &format!("{state}\n"))?;
-            write(root, &pd.join("phys_state"), &format!("{phys}\n"))?;
+            w.write(&pd.join("state"), &format!("{state}\n"))?;
+            w.write(&pd.join("phys_state"), &format!("{phys}\n"))?;
             let ll = match p.link_layer {
                 LinkLayer::Ethernet => "Ethernet",
                 LinkLayer::InfiniBand => "InfiniBand",
             };
-            write(root, &pd.join("link_layer"), &format!("{ll}\n"))?;
-            write(root, &pd.join("rate"), &format!("{}\n", p.rate))?;
-            write(root, &pd.join("lid"), "0x0\n")?;
-            write(root, &pd.join("sm_lid"), "0x0\n")?;
-            write(root, &pd.join("cap_mask"), "0x04010000\n")?;
+            w.write(&pd.join("link_layer"), &format!("{ll}\n"))?;
+            w.write(&pd.join("rate"), &format!("{}\n", p.rate))?;
+            w.write(&pd.join("lid"), "0x0\n")?;
+            w.write(&pd.join("sm_lid"), "0x0\n")?;
+            w.write(&pd.join("cap_mask"), "0x04010000\n")?;
             for c in [
                 "port_xmit_data",
                 "port_rcv_data",
                 "port_xmit_packets",
                 "port_rcv_packets",
             ] {
-                write(root, &pd.join("counters").join(c), "0\n")?;
+                w.write(&pd.join("counters").join(c), "0\n")?;
             }
             for c in [
                 "np_cnp_sent",
@@ -711,25 +709,31 @@ impl FixtureNode {
                 "local_ack_timeout_err",
                 "out_of_buffer",
             ] {
-                write(root, &pd.join("hw_counters").join(c), "0\n")?;
+                w.write(&pd.join("hw_counters").join(c), "0\n")?;
             }
-            self.write_gids(root, &pd, f, p)?;
+            self.write_gids(w, &pd, f, p)?;
             if let Some(n) = p.umad {
                 for (kind, minor) in [("umad", n), ("issm", 64 + n)] {
                     let name = format!("{kind}{n}");
                     let md = dir.join("infiniband_mad").join(&name);
-                    write(root, &md.join("ibdev"), &format!("{}\n", r.name))?;
-                    write(root, &md.join("port"), &format!("{}\n", p.number))?;
-                    write(root, &md.join("dev"), &format!("231:{minor}\n"))?;
-                    symlink(root, &md.join("device"), &dir)?;
-                    symlink(root, &Path::new("class/infiniband_mad").join(&name), &md)?;
+                    w.write(&md.join("ibdev"), &format!("{}\n", r.name))?;
+                    w.write(&md.join("port"), &format!("{}\n", p.number))?;
+                    w.write(&md.join("dev"), &format!("231:{minor}\n"))?;
+                    w.symlink(&md.join("device"), &dir)?;
+                    w.symlink(&Path::new("class/infiniband_mad").join(&name), &md)?;
                 }
             }
         }
         Ok(())
     }
 
-    fn write_gids(&self, root: &Path, pd: &Path, f: &PciFunction, p: &RdmaPort) -> io::Result<()> {
+    fn write_gids(
+        &self,
+        w: &mut Writer<'_>,
+        pd: &Path,
+        f: &PciFunction,
+        p: &RdmaPort,
+    ) -> io::Result<()> {
         let entries = match &p.gids {
             Some(g) => g.clone(),
             None => roce_gid_table(
@@ -745,21 +749,21 @@ impl FixtureNode {
             let ndevs = pd.join("gid_attrs/ndevs").join(i.to_string());
             match entries.get(i as usize) {
                 Some(e) => {
-                    write(root, &gd, &format!("{}\n", gid_text(e.gid)))?;
+                    w.write(&gd, &format!("{}\n", gid_text(e.gid)))?;
                     let t = match e.gid_type {
                         GidType::RoceV1 => "IB/RoCE v1",
                         GidType::RoceV2 => "RoCE v2",
                     };
-                    write(root, &types, &format!("{t}\n"))?;
+                    w.write(&types, &format!("{t}\n"))?;
                     match &e.ndev {
-                        Some(n) => write(root, &ndevs, &format!("{n}\n"))?,
-                        None => unreadable(root, &ndevs)?,
+                        Some(n) => w.write(&ndevs, &format!("{n}\n"))?,
+                        None => w.unreadable(&ndevs)?,
                     }
                 }
                 None => {
-                    write(root, &gd, &format!("{}\n", gid_text(Ipv6Addr::UNSPECIFIED)))?;
-                    unreadable(root, &types)?;
-                    unreadable(root, &ndevs)?;
+                    w.write(&gd, &format!("{}\n", gid_text(Ipv6Addr::UNSPECIFIED)))?;
+                    w.unreadable(&types)?;
+                    w.unreadable(&ndevs)?;
                 }
             }
         }
@@ -805,40 +809,71 @@ fn guid_text(guid: u64) -> String {
 }
 
 fn write_pci_attrs(
-    root: &Path,
+    w: &mut Writer<'_>,
     dir: &Path,
     vendor: u16,
     device: u16,
     class: u32,
     numa: Option<u32>,
 ) -> io::Result<()> {
-    write(root, &dir.join("vendor"), &format!("0x{vendor:04x}\n"))?;
-    write(root, &dir.join("device"), &format!("0x{device:04x}\n"))?;
-    write(root, &dir.join("class"), &format!("0x{class:06x}\n"))?;
+    w.write(&dir.join("vendor"), &format!("0x{vendor:04x}\n"))?;
+    w.write(&dir.join("device"), &format!("0x{device:04x}\n"))?;
+    w.write(&dir.join("class"), &format!("0x{class:06x}\n"))?;
     let numa_text = numa.map_or_else(|| "-1".to_string(), |n| n.to_string());
-    write(root, &dir.join("numa_node"), &format!("{numa_text}\n"))?;
+    w.write(&dir.join("numa_node"), &format!("{numa_text}\n"))?;
     let cpus = match numa {
         Some(0) => "0-55,112-167",
         Some(_) => "56-111,168-223",
         None => "0-223",
     };
-    write(root, &dir.join("local_cpulist"), &format!("{cpus}\n"))?;
-    write(root, &dir.join("max_link_speed"), "32.0 GT/s PCIe\n")?;
-    write(root, &dir.join("max_link_width"), "16\n")?;
-    write(root, &dir.join("enable"), "1\n")
+    w.write(&dir.join("local_cpulist"), &format!("{cpus}\n"))?;
+    w.write(&dir.join("max_link_speed"), "32.0 GT/s PCIe\n")?;
+    w.write(&dir.join("max_link_width"), "16\n")?;
+    w.write(&dir.join("enable"), "1\n")
 }
 
-fn write(root: &Path, rel: &Path, content: &str) -> io::Result<()> {
-    let p = root.join(rel);
-    if let Some(parent) = p.parent() {
-        fs::create_dir_all(parent)?;
+/// Writes a tree below `root`, creating each directory once.
+struct Writer<'a> {
+    root: &'a Path,
+    made: HashSet<PathBuf>,
+}
+
+impl Writer<'_> {
+    fn mkdir(&mut self, rel: &Path) -> io::Result<()> {
+        if !self.made.contains(rel) {
+            fs::create_dir_all(self.root.join(rel))?;
+            let mut p = rel.to_path_buf();
+            while self.made.insert(p.clone()) && p.pop() {}
+        }
+        Ok(())
     }
-    fs::write(p, content)
-}
 
-/// An attribute that exists but whose read fails, like a sysfs file answering EINVAL.
-fn unreadable(root: &Path, rel: &Path) -> io::Result<()> {
-    fs::create_dir_all(root.join(rel))
+    fn mkparent(&mut self, rel: &Path) -> io::Result<()> {
+        match rel.parent() {
+            Some(parent) => self.mkdir(parent),
+            None => Ok(()),
+        }
+    }
+
+    fn write(&mut self, rel: &Path, content: &str) -> io::Result<()> {
+        self.mkparent(rel)?;
+        fs::write(self.root.join(rel), content)
+    }
+
+    /// An attribute that exists but whose read fails, like a sysfs file answering EINVAL.
+    fn unreadable(&mut self, rel: &Path) -> io::Result<()> {
+        self.mkdir(rel)
+    }
+
+    /// A symlink at `link` to `target` (both relative to the root), relative as kernfs makes it.
+    fn symlink(&mut self, link: &Path, target: &Path) -> io::Result<()> {
+        self.mkparent(link)?;
+        let abs = self.root.join(link);
+        if abs.symlink_metadata().is_ok() {
+            fs::remove_file(&abs)?;
+        }
+        std::os::unix::fs::symlink(kernfs_link_target(link, target), abs)
+    }
 }
 
 /// The relative target kernfs writes for a link at `link` pointing to `target` (both relative to
@@ -869,17 +904,6 @@ pub fn kernfs_link_target(link: &Path, target: &Path) -> PathBuf {
         out.push(t);
     }
     out
-}
-
-fn symlink(root: &Path, link: &Path, target: &Path) -> io::Result<()> {
-    let abs = root.join(link);
-    if let Some(parent) = abs.parent() {
-        fs::create_dir_all(parent)?;
-    }
-    if abs.symlink_metadata().is_ok() {
-        fs::remove_file(&abs)?;
-    }
-    std::os::unix::fs::symlink(kernfs_link_target(link, target), abs)
 }
 
 /// A temporary directory for a fixture tree: in `/dev/shm` when it exists (a tree is thousands of

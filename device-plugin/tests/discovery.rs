@@ -618,3 +618,55 @@ fn a_missing_root_is_an_error_and_an_empty_one_is_empty() {
     let empty = tempfile::tempdir().unwrap();
     assert_eq!(discover_all(empty.path()), Inventory::default());
 }
+
+/// A dual-port device on one PCI function (mlx4-style): two netdevs told apart by `dev_port`
+/// and by the GID table.
+#[test]
+fn dual_port_function_uses_its_first_roce_port_and_that_ports_netdev() {
+    use rocefabric_device_plugin::fixtures::{LinkLayer, Netdev, RdmaPort};
+    let mut node = FixtureNode::dgx_h100();
+    let f = node.rdma_function_mut("irdma0").unwrap();
+    let second = Netdev {
+        name: "enp130s0f0d1".into(),
+        dev_port: 1,
+        addresses: vec!["10.150.9.10".parse().unwrap()],
+        ..f.netdevs[0].clone()
+    };
+    f.netdevs.push(second);
+    let rdma = f.rdma.as_mut().unwrap();
+    let port2 = RdmaPort {
+        number: 2,
+        netdev: Some("enp130s0f0d1".into()),
+        umad: Some(40),
+        ..rdma.ports[0].clone()
+    };
+    rdma.ports.push(port2);
+    let dir = written(&node);
+    let inv = discover_all(dir.path());
+    let h = inv.hcas.iter().find(|h| h.name == "irdma0").unwrap();
+    assert_eq!(
+        (h.port, h.netdev.as_deref(), h.roce_v2_gid_index),
+        (1, Some("enp130s0f0"), Some(3))
+    );
+
+    // Port 1 in InfiniBand mode: port 2 is the RoCE port, with the other netdev.
+    let mut ib_first = node.clone();
+    let r = ib_first.rdma_mut("irdma0").unwrap();
+    r.ports[0].link_layer = LinkLayer::InfiniBand;
+    let dir = written(&ib_first);
+    let inv = discover_all(dir.path());
+    let h = inv.hcas.iter().find(|h| h.name == "irdma0").unwrap();
+    assert_eq!(
+        (h.port, h.netdev.as_deref(), h.roce_v2_gid_index),
+        (2, Some("enp130s0f0d1"), Some(3))
+    );
+    let a = rocefabric_device_plugin::allocation::allocate(
+        rocefabric_device_plugin::allocation::ResourceKind::Hca,
+        &inv,
+        &rocefabric_device_plugin::config::Config::default(),
+        None,
+        &[h.pci_address.clone()],
+    )
+    .unwrap();
+    assert_eq!(a.envs["NCCL_IB_HCA"], "=irdma0:2");
+}
