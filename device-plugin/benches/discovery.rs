@@ -20,7 +20,9 @@ fn benches(c: &mut Criterion) {
     c.bench_function("write dgx-h100 fixture", |b| {
         b.iter(|| {
             let d = fixtures::tempdir().expect("temp dir");
-            FixtureNode::dgx_h100().write_to(d.path()).expect("write fixture");
+            FixtureNode::dgx_h100()
+                .write_to(d.path())
+                .expect("write fixture");
         })
     });
     c.bench_function("discover dgx-h100", |b| {

@@ -665,7 +665,7 @@ fn dual_port_function_uses_its_first_roce_port_and_that_ports_netdev() {
         &inv,
         &rocefabric_device_plugin::config::Config::default(),
         None,
-        &[h.pci_address.clone()],
+        std::slice::from_ref(&h.pci_address),
     )
     .unwrap();
     assert_eq!(a.envs["NCCL_IB_HCA"], "=irdma0:2");
