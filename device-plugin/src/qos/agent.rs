@@ -219,13 +219,17 @@ fn knob_name(knob: Knob) -> String {
         .unwrap_or_else(|| format!("{knob:?}"))
 }
 
-fn problems(interfaces: &[InterfaceStatus], outcome: KnobOutcome) -> Vec<String> {
+fn problems(
+    interfaces: &[InterfaceStatus],
+    outcome: KnobOutcome,
+    which: impl Fn(Knob) -> bool + Copy,
+) -> Vec<String> {
     interfaces
         .iter()
         .flat_map(|i| {
             i.knobs
                 .iter()
-                .filter(move |k| k.outcome == outcome)
+                .filter(move |k| k.outcome == outcome && which(k.knob))
                 .map(move |k| {
                     let why = k.error.as_deref().unwrap_or("no detail");
                     format!("{} {}: {why}", i.netdev, knob_name(k.knob))
@@ -243,10 +247,25 @@ fn summarize(items: &[String], n: usize) -> String {
     s
 }
 
+/// Knobs without which the NIC is not lossless: if one of them cannot be set, RoCE traffic may
+/// be dropped, so the node must not be reported as applied (and the device-plugin gate keeps its
+/// HCAs unhealthy). The others (ECN, CNP, rdma_cm ToS) tune congestion control; the upstream mlx5
+/// driver exposes no ECN enable files at all (the firmware enables DCQCN), so an unsupported one
+/// degrades the node without blocking it.
+pub fn is_lossless_knob(knob: Knob) -> bool {
+    matches!(knob, Knob::Trust | Knob::DscpMap | Knob::Pfc | Knob::Mtu)
+}
+
 /// `QosApplied`, `Ready` and `Degraded` for a node's interfaces (pure).
+///
+/// `QosApplied` is True when no knob failed and every lossless knob ([`is_lossless_knob`])
+/// holds. `Degraded` is True whenever anything failed or is unsupported, naming the knobs.
 pub fn node_conditions(interfaces: &[InterfaceStatus]) -> Vec<DesiredCondition> {
-    let failed = problems(interfaces, KnobOutcome::Failed);
-    let unsupported = problems(interfaces, KnobOutcome::Unsupported);
+    let failed = problems(interfaces, KnobOutcome::Failed, |_| true);
+    let unsupported_lossless = problems(interfaces, KnobOutcome::Unsupported, is_lossless_knob);
+    let unsupported_tuning = problems(interfaces, KnobOutcome::Unsupported, |k| {
+        !is_lossless_knob(k)
+    });
     let (qos_ok, qos_reason, qos_message) = if interfaces.is_empty() {
         (
             false,
@@ -259,14 +278,14 @@ pub fn node_conditions(interfaces: &[InterfaceStatus]) -> Vec<DesiredCondition> 
             reason::QOS_FAILED,
             format!("{} knob(s) failed: {}", failed.len(), summarize(&failed, 5)),
         )
-    } else if !unsupported.is_empty() {
+    } else if !unsupported_lossless.is_empty() {
         (
             false,
             reason::QOS_UNSUPPORTED,
             format!(
                 "{} knob(s) unsupported: {}",
-                unsupported.len(),
-                summarize(&unsupported, 5)
+                unsupported_lossless.len(),
+                summarize(&unsupported_lossless, 5)
             ),
         )
     } else {
@@ -304,7 +323,18 @@ pub fn node_conditions(interfaces: &[InterfaceStatus]) -> Vec<DesiredCondition> 
             qos_message.clone(),
         )
     };
-    let degraded = if qos_ok {
+    let degraded = if qos_ok && !unsupported_tuning.is_empty() {
+        DesiredCondition::new(
+            condition::DEGRADED,
+            true,
+            reason::QOS_UNSUPPORTED,
+            format!(
+                "lossless, but {} congestion-control knob(s) unsupported: {}",
+                unsupported_tuning.len(),
+                summarize(&unsupported_tuning, 5)
+            ),
+        )
+    } else if qos_ok {
         DesiredCondition::new(condition::DEGRADED, false, reason::AS_EXPECTED, "")
     } else {
         DesiredCondition::new(condition::DEGRADED, true, qos_reason, qos_message.clone())

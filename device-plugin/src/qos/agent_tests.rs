@@ -560,6 +560,27 @@ fn conditions_name_the_reason() {
         "failures outrank unsupported"
     );
 
+    // Upstream mlx5: no ECN enable files. Lossless holds, so QoS is applied, but degraded.
+    let upstream = node_conditions(&[iface(
+        "enp24s0np0",
+        "ACTIVE",
+        vec![
+            knob(Knob::Pfc, KnobOutcome::AlreadyCorrect, None),
+            knob(Knob::DscpMap, KnobOutcome::Applied, None),
+            knob(
+                Knob::EcnNotificationPoint,
+                KnobOutcome::Unsupported,
+                Some("no ECN enable files"),
+            ),
+        ],
+    )]);
+    let q = find(&upstream, condition::QOS_APPLIED);
+    assert_eq!((q.status, q.reason), (true, reason::QOS_APPLIED));
+    let d = find(&upstream, condition::DEGRADED);
+    assert_eq!((d.status, d.reason), (true, reason::QOS_UNSUPPORTED));
+    assert!(d.message.contains("ecnNotificationPoint"), "{}", d.message);
+    assert!(find(&upstream, condition::READY).status);
+
     let down = node_conditions(&[iface(
         "eth2",
         "DOWN",
