@@ -1,4 +1,5 @@
-//! Prints the rocefabric CRDs as multi-document YAML, or writes them to `crds/` with `--write`.
+//! Prints the rocefabric CRDs as multi-document YAML, or writes them with `--write` to `crds/`
+//! and to the Helm chart's copies in `charts/rocefabric/files/crds/`.
 
 use std::path::PathBuf;
 
@@ -11,14 +12,18 @@ fn main() -> std::io::Result<()> {
             }
         }
         Some("--write") => {
-            let dir = args
-                .next()
-                .map(PathBuf::from)
-                .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
-            for (file, yaml) in rocefabric_api::crdgen::manifests() {
-                let path = dir.join(file);
-                std::fs::write(&path, yaml)?;
-                eprintln!("wrote {}", path.display());
+            let crate_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+            let dirs = match args.next() {
+                Some(dir) => vec![PathBuf::from(dir)],
+                // crds/ and the chart's byte-for-byte copies, so the two never drift.
+                None => vec![crate_dir.clone(), crate_dir.join("../charts/rocefabric/files/crds")],
+            };
+            for dir in dirs.iter().filter(|d| d.is_dir()) {
+                for (file, yaml) in rocefabric_api::crdgen::manifests() {
+                    let path = dir.join(file);
+                    std::fs::write(&path, yaml)?;
+                    eprintln!("wrote {}", path.display());
+                }
             }
         }
         Some(other) => {
