@@ -312,7 +312,7 @@ fn chart_crds_are_byte_copies_of_the_generated_crds() {
         assert!(
             in_chart == yaml,
             "charts/rocefabric/files/crds/{file} differs from crds/{file}: \
-             run `cp crds/*.rocefabric.io.yaml charts/rocefabric/files/crds/` and commit"
+             run `cargo run -p rocefabric-api --bin crdgen -- --write` and commit"
         );
         let template = chart_dir().join("templates/crds").join(&file);
         assert!(
