@@ -185,27 +185,32 @@ impl Geometry {
     /// The slots a recorded assignment holds, if it fits this geometry exactly (aligned base,
     /// whole regions, id equal to the first slot, inside the space).
     pub fn slots_of(&self, a: &RegionAssignment) -> Result<Slots, RegionError> {
+        self.window_slots(a.id, a.base, a.size)
+    }
+
+    /// [`Geometry::slots_of`] over the recorded fields.
+    pub fn window_slots(&self, id: u32, base: u64, size: u64) -> Result<Slots, RegionError> {
         let bad = |reason| RegionError::Misaligned {
-            id: a.id,
-            base: a.base,
-            size: a.size,
+            id,
+            base,
+            size,
             reason,
         };
-        if a.size == 0 || !a.size.is_multiple_of(self.region_size) {
+        if size == 0 || !size.is_multiple_of(self.region_size) {
             return Err(bad("size is not a positive whole number of regions"));
         }
-        if !a.base.is_multiple_of(self.region_size) {
+        if !base.is_multiple_of(self.region_size) {
             return Err(bad("base is not a multiple of regionSize"));
         }
-        if a.base / self.region_size != u64::from(a.id) {
+        if base / self.region_size != u64::from(id) {
             return Err(bad("id is not base / regionSize"));
         }
-        let len = a.size / self.region_size;
-        if u64::from(a.id) + len > u64::from(self.max_regions) {
+        let len = size / self.region_size;
+        if u64::from(id) + len > u64::from(self.max_regions) {
             return Err(bad("window ends beyond maxRegions"));
         }
         let len = u32::try_from(len).map_err(|_| bad("window ends beyond maxRegions"))?;
-        Ok(Slots { first: a.id, len })
+        Ok(Slots { first: id, len })
     }
 }
 
@@ -446,8 +451,8 @@ pub struct FreedRegions {
 /// One fabric's memory.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Ledger {
-    /// `(namespace, pod)` -> window, as of the last plan.
-    pub(crate) live: std::collections::HashMap<(String, String), Slots>,
+    /// `namespace/pod` -> window, as of the last plan.
+    pub(crate) live: std::collections::HashMap<String, Slots>,
     pub(crate) cooling: Vec<Cooling>,
 }
 

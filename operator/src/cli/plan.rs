@@ -77,6 +77,13 @@ pub fn plan_files(args: &PlanArgs) -> anyhow::Result<PlanOutput> {
                 .with_context(|| format!("cannot load {}", path.display()))?;
         }
     }
+    tracing::debug!(
+        fabrics = snapshot.fabrics.len() + snapshot.unreadable_fabrics.len(),
+        nodes = snapshot.nodes.len(),
+        pods = snapshot.pods.len(),
+        roce_nodes = snapshot.roce_nodes.len(),
+        "snapshot loaded"
+    );
     let world = World {
         fabrics: snapshot.fabrics,
         nodes: snapshot.nodes,

@@ -47,8 +47,40 @@ pub struct DirectoryEntry {
     pub size: u64,
 }
 
+/// One region of the directory, borrowed from the pod, for rendering.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct EntryRef<'a> {
+    pub pod: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<&'a str>,
+    #[serde(rename = "podIP", skip_serializing_if = "Option::is_none")]
+    pub pod_ip: Option<&'a str>,
+    pub id: u32,
+    pub base: u64,
+    pub size: u64,
+}
+
+impl<'a> From<&'a DirectoryEntry> for EntryRef<'a> {
+    fn from(e: &'a DirectoryEntry) -> Self {
+        Self {
+            pod: &e.pod,
+            node: e.node.as_deref(),
+            pod_ip: e.pod_ip.as_deref(),
+            id: e.id,
+            base: e.base,
+            size: e.size,
+        }
+    }
+}
+
 /// Render entries (sorted by id by the caller) as the directory text.
 pub fn render(entries: &[DirectoryEntry]) -> String {
+    let refs: Vec<EntryRef<'_>> = entries.iter().map(EntryRef::from).collect();
+    render_refs(&refs)
+}
+
+/// [`render`] over borrowed entries.
+pub fn render_refs(entries: &[EntryRef<'_>]) -> String {
     let mut out = String::with_capacity(4 + entries.len() * 160);
     out.push_str("[\n");
     for (i, e) in entries.iter().enumerate() {

@@ -85,7 +85,7 @@ pub fn plan(world: &World, opts: &PlanOptions) -> Plan {
     for pod in world.pods.iter().filter(|p| pods::is_live(p)) {
         let p = PodRef::new(pod);
         let recorded = match &p.annotation {
-            Some(Ok(a)) => fabric_by_name.get(a.fabric.as_str()).copied(),
+            Some(Ok(a)) => fabric_by_name.get(a.fabric.as_ref()).copied(),
             _ => None,
         };
         let target = match recorded {
@@ -329,6 +329,29 @@ pub fn plan(world: &World, opts: &PlanOptions) -> Plan {
     report.deleted_roce_nodes = deletes;
 
     let requeue_after = freed.next_expiry(world.now);
+    for f in &report.fabrics {
+        tracing::debug!(
+            fabric = %f.name,
+            valid = f.valid,
+            selected = f.selected_nodes,
+            configured = f.configured_nodes,
+            failed = f.failed_nodes,
+            in_progress = f.in_progress_nodes,
+            waiting = f.waiting_nodes,
+            conflicting = f.conflicting_nodes,
+            regions = f.regions_allocated,
+            pods_waiting = f.pods_waiting,
+            "fabric planned"
+        );
+    }
+    tracing::debug!(
+        fabrics = world.fabrics.len(),
+        nodes = world.nodes.len(),
+        pods = world.pods.len(),
+        writes = writes.len(),
+        requeue_after_s = requeue_after.map(|d| d.as_secs()),
+        "plan computed"
+    );
     Plan {
         writes,
         report,

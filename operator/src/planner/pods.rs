@@ -1,6 +1,7 @@
 //! Per fabric: rebuild the region map from the pods' annotations, cool down freed windows,
 //! assign windows to new pods, and render the namespaces' directories.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
@@ -10,11 +11,36 @@ use rocefabric_api::constants::{
     REGION_ANNOTATION, REGION_SCHEDULING_GATE, REGION_SIZE_ANNOTATION, reason,
 };
 
-use super::directory::{self, DIRECTORY_KEY, DirectoryEntry, MAX_DIRECTORY_BYTES};
+use super::directory::{self, DIRECTORY_KEY, EntryRef, MAX_DIRECTORY_BYTES};
+use serde::Deserialize;
+
 use super::report::{RegionChange, RegionReport, WaitingPod};
 use super::selection::FabricView;
 use super::writes::{Event, EventType, Write};
 use crate::regions::{self, Cooling, Geometry, Ledger, Outcome, RegionAssignment, Request, Slots};
+
+/// A pod's `rocefabric.io/region` annotation, borrowed from the pod (the fields of
+/// [`RegionAssignment`]).
+#[derive(Debug, Deserialize)]
+pub(crate) struct Recorded<'a> {
+    #[serde(borrow)]
+    pub fabric: Cow<'a, str>,
+    pub id: u32,
+    pub base: u64,
+    pub size: u64,
+}
+
+impl<'a> Recorded<'a> {
+    fn parse(value: &'a str) -> Result<Self, String> {
+        serde_json::from_str(value).map_err(|e| {
+            regions::RegionError::BadAnnotation {
+                value: value.to_string(),
+                reason: e.to_string(),
+            }
+            .to_string()
+        })
+    }
+}
 
 /// A live pod routed to a fabric.
 pub(crate) struct PodRef<'w> {
@@ -22,8 +48,8 @@ pub(crate) struct PodRef<'w> {
     pub namespace: &'w str,
     pub name: &'w str,
     pub created: Option<Timestamp>,
-    /// The parsed `rocefabric.io/region` annotation, when present.
-    pub annotation: Option<Result<RegionAssignment, regions::RegionError>>,
+    /// The parsed `rocefabric.io/region` annotation, when present (or why it cannot be read).
+    pub annotation: Option<Result<Recorded<'w>, String>>,
 }
 
 impl<'w> PodRef<'w> {
@@ -38,7 +64,7 @@ impl<'w> PodRef<'w> {
                 .annotations
                 .as_ref()
                 .and_then(|a| a.get(REGION_ANNOTATION))
-                .map(|v| RegionAssignment::parse(v)),
+                .map(|v| Recorded::parse(v)),
         }
     }
 
@@ -138,12 +164,14 @@ pub(crate) fn plan_regions(
     for p in &pods {
         let claim = match &p.annotation {
             None => Claim::None,
-            Some(Ok(a)) if a.fabric == fabric.name => match geometry.slots_of(a) {
-                Ok(s) => Claim::Existing(s),
-                Err(e) => Claim::Bad(e.to_string()),
-            },
+            Some(Ok(a)) if a.fabric == fabric.name => {
+                match geometry.window_slots(a.id, a.base, a.size) {
+                    Ok(s) => Claim::Existing(s),
+                    Err(e) => Claim::Bad(e.to_string()),
+                }
+            }
             Some(Ok(a)) => Claim::Bad(format!("it records a region of fabric {:?}", a.fabric)),
-            Some(Err(e)) => Claim::Bad(e.to_string()),
+            Some(Err(e)) => Claim::Bad(e.clone()),
         };
         let size_request = p
             .pod
@@ -197,13 +225,15 @@ pub(crate) fn plan_regions(
         None => cooling.push(Cooling { slots, until }),
     };
     if let Some(l) = old {
-        for ((ns, pod), slots) in &l.live {
-            if claimed.get(&(ns.as_str(), pod.as_str())) != Some(slots) {
+        for (key, slots) in &l.live {
+            let (ns, pod) = key.split_once('/').unwrap_or((key, ""));
+            if claimed.get(&(ns, pod)) != Some(slots) {
                 freed(*slots, &mut cooling);
             }
         }
     }
-    for (ns, cm) in directories {
+    // Without memory (a restart), the directories tell which windows were live.
+    for (ns, cm) in directories.iter().filter(|_| old.is_none()) {
         let listed = cm
             .data
             .as_ref()
@@ -219,9 +249,7 @@ pub(crate) fn plan_regions(
             let Ok(slots) = geometry.slots_of(&a) else {
                 continue;
             };
-            if claimed.get(&(*ns, e.pod.as_str())) != Some(&slots)
-                && old.is_none_or(|l| !l.cooling.iter().any(|c| c.slots == slots))
-            {
+            if claimed.get(&(*ns, e.pod.as_str())) != Some(&slots) {
                 freed(slots, &mut cooling);
             }
         }
@@ -232,15 +260,25 @@ pub(crate) fn plan_regions(
     let allocation = regions::allocate(geometry, &requests, &cooling_slots);
     out.live_slots = allocation.live_slots;
 
-    // Who holds which kept window, to name the older owner in reassignment Events.
-    let mut kept_by: BTreeMap<u32, (Slots, usize)> = BTreeMap::new();
-    for (i, r) in request_of.iter().enumerate() {
-        if let Some(&r) = r.as_ref()
-            && let Outcome::Kept(s) = allocation.outcomes[r]
-        {
-            kept_by.insert(s.first, (s, i));
-        }
-    }
+    // Who holds which kept window, to name the older owner in reassignment Events (built only
+    // when some pod lost its window).
+    let kept_by: BTreeMap<u32, (Slots, usize)> = if allocation.outcomes.iter().any(|o| {
+        matches!(
+            o,
+            Outcome::Reassigned { .. } | Outcome::Waiting { lost: Some(_) }
+        )
+    }) {
+        request_of
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| match allocation.outcomes[(*r)?] {
+                Outcome::Kept(s) => Some((s.first, (s, i))),
+                _ => None,
+            })
+            .collect()
+    } else {
+        BTreeMap::new()
+    };
     let holder = |lost: Slots| -> Option<String> {
         kept_by
             .range(..lost.first.saturating_add(lost.len))
@@ -249,7 +287,7 @@ pub(crate) fn plan_regions(
             .map(|(_, (_, i))| pods[*i].key())
     };
 
-    let mut by_namespace: BTreeMap<&str, Vec<DirectoryEntry>> = BTreeMap::new();
+    let mut by_namespace: BTreeMap<&str, Vec<EntryRef<'_>>> = BTreeMap::new();
     for (i, p) in pods.iter().enumerate() {
         let Some(r) = request_of[i] else {
             if detailed {
@@ -329,20 +367,15 @@ pub(crate) fn plan_regions(
                 .push(((p.namespace.to_string(), p.name.to_string()), writes));
         }
         out.region_count += 1;
-        out.ledger
-            .live
-            .insert((p.namespace.to_string(), p.name.to_string()), slots);
-        by_namespace
-            .entry(p.namespace)
-            .or_default()
-            .push(DirectoryEntry {
-                pod: p.name.to_string(),
-                node: p.pod.spec.as_ref().and_then(|s| s.node_name.clone()),
-                pod_ip: p.pod.status.as_ref().and_then(|s| s.pod_ip.clone()),
-                id: assignment.id,
-                base: assignment.base,
-                size: assignment.size,
-            });
+        out.ledger.live.insert(p.key(), slots);
+        by_namespace.entry(p.namespace).or_default().push(EntryRef {
+            pod: p.name,
+            node: p.pod.spec.as_ref().and_then(|s| s.node_name.as_deref()),
+            pod_ip: p.pod.status.as_ref().and_then(|s| s.pod_ip.as_deref()),
+            id: assignment.id,
+            base: assignment.base,
+            size: assignment.size,
+        });
         if detailed {
             out.regions.push(RegionReport {
                 namespace: p.namespace.to_string(),
@@ -358,8 +391,10 @@ pub(crate) fn plan_regions(
     }
 
     // Cooling windows still count until they expire; drop the ones a live region now covers.
-    let live: std::collections::HashSet<Slots> = out.ledger.live.values().copied().collect();
-    cooling.retain(|c| !live.contains(&c.slots));
+    if !cooling.is_empty() {
+        let live: std::collections::HashSet<Slots> = out.ledger.live.values().copied().collect();
+        cooling.retain(|c| !live.contains(&c.slots));
+    }
     out.cooling_slots = cooling.iter().map(|c| c.slots.len).sum();
     out.ledger.cooling = cooling;
 
@@ -367,7 +402,7 @@ pub(crate) fn plan_regions(
         by_namespace.keys().map(|ns| ns.to_string()).collect();
     for (ns, mut entries) in by_namespace {
         entries.sort_by_key(|e| e.id);
-        let text = directory::render(&entries);
+        let text = directory::render_refs(&entries);
         if text.len() > MAX_DIRECTORY_BYTES {
             out.too_large
                 .push((ns.to_string(), entries.len(), text.len()));

@@ -1,0 +1,313 @@
+//! Planner benchmark: a 5,000-node fabric with 50,000 pods (first pass and steady state; time
+//! and peak memory), and allocating 100,000 regions.
+//!
+//! Run: `cargo bench -p rocefabric-operator --bench planner`. Memory is counted by a counting
+//! global allocator (`peak_alloc`): the heap the world occupies, and the peak heap a plan adds
+//! on top of it. That allocator copies on every `realloc`, so times are slightly pessimistic.
+#![allow(clippy::unwrap_used)] // a benchmark fails loudly
+
+use std::collections::BTreeMap;
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Node, Pod, PodSchedulingGate, PodSpec, PodStatus};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, ObjectMeta, Time};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use k8s_openapi::jiff::Timestamp;
+use rocefabric_api::constants::{REGION_ANNOTATION, REGION_SCHEDULING_GATE, condition};
+use rocefabric_api::{RoceFabric, RoceFabricSpec, RoceNodeStatus, RolloutSpec, SharedMemorySpec};
+use rocefabric_operator::planner::writes::{
+    region_directory_name, region_directory_object, roce_node_object,
+};
+use rocefabric_operator::planner::{Plan, PlanOptions, World, Write, plan};
+use rocefabric_operator::regions::{Geometry, Request, Slots, allocate};
+
+const NODES: usize = 5_000;
+const PODS: usize = 50_000;
+const NAMESPACES: usize = 100;
+const REGIONS: u32 = 100_000;
+
+#[global_allocator]
+static HEAP: peak_alloc::PeakAlloc = peak_alloc::PeakAlloc;
+
+fn mib(bytes: usize) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
+}
+
+/// Run `f`, returning its result and the peak heap it added above what was live before.
+fn peak_of<T>(f: impl FnOnce() -> T) -> (T, usize) {
+    let before = HEAP.current_usage();
+    HEAP.reset_peak_usage();
+    let out = f();
+    (out, HEAP.peak_usage().saturating_sub(before))
+}
+
+fn labels(pairs: &[(&str, &str)]) -> Option<BTreeMap<String, String>> {
+    Some(
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    )
+}
+
+fn world() -> World {
+    let t0 = Timestamp::from_second(1_767_225_600).unwrap();
+    let mut fabric = RoceFabric::new(
+        "training",
+        RoceFabricSpec {
+            node_selector: LabelSelector {
+                match_labels: labels(&[("gpu", "h100")]),
+                ..LabelSelector::default()
+            },
+            shared_memory: Some(SharedMemorySpec {
+                region_size: Quantity("1Gi".into()),
+                max_regions: 65_536,
+                pod_selector: LabelSelector {
+                    match_labels: labels(&[("app", "train")]),
+                    ..LabelSelector::default()
+                },
+            }),
+            rollout: RolloutSpec {
+                max_unavailable: IntOrString::String("10%".into()),
+            },
+            ..RoceFabricSpec::default()
+        },
+    );
+    fabric.metadata.uid = Some("uid-training".into());
+    fabric.metadata.generation = Some(1);
+    fabric.metadata.creation_timestamp = Some(Time(t0));
+    let nodes: Vec<Node> = (0..NODES)
+        .map(|i| Node {
+            metadata: ObjectMeta {
+                name: Some(format!("dgx-{i:05}")),
+                labels: labels(&[
+                    ("gpu", "h100"),
+                    ("kubernetes.io/hostname", &format!("dgx-{i:05}")),
+                    ("rack", &format!("r{}", i / 32)),
+                ]),
+                ..ObjectMeta::default()
+            },
+            ..Node::default()
+        })
+        .collect();
+    let pods: Vec<Pod> = (0..PODS)
+        .map(|i| Pod {
+            metadata: ObjectMeta {
+                name: Some(format!("worker-{i:06}")),
+                namespace: Some(format!("team-{:03}", i % NAMESPACES)),
+                uid: Some(format!("uid-{i}")),
+                labels: labels(&[("app", "train"), ("job", &format!("job-{}", i / 64))]),
+                creation_timestamp: Some(Time(t0 + Duration::from_secs(i as u64))),
+                ..ObjectMeta::default()
+            },
+            spec: Some(PodSpec {
+                scheduling_gates: Some(vec![PodSchedulingGate {
+                    name: REGION_SCHEDULING_GATE.into(),
+                }]),
+                node_name: Some(format!("dgx-{:05}", i % NODES)),
+                ..PodSpec::default()
+            }),
+            status: Some(PodStatus {
+                phase: Some("Pending".into()),
+                pod_ip: Some(format!("10.{}.{}.{}", i / 65536, (i / 256) % 256, i % 256)),
+                ..PodStatus::default()
+            }),
+        })
+        .collect();
+    World {
+        fabrics: vec![fabric],
+        nodes,
+        pods,
+        ..World::empty(t0 + Duration::from_secs(86_400))
+    }
+}
+
+/// Apply a plan's writes (as the API server would) and let every node report success.
+fn apply(world: &mut World, p: &Plan) {
+    let mut pods: BTreeMap<(String, String), usize> = BTreeMap::new();
+    for (i, pod) in world.pods.iter().enumerate() {
+        pods.insert(
+            (
+                pod.metadata.namespace.clone().unwrap(),
+                pod.metadata.name.clone().unwrap(),
+            ),
+            i,
+        );
+    }
+    for w in &p.writes {
+        match w {
+            Write::ApplyRoceNode {
+                name,
+                fabric_name,
+                fabric_uid,
+                spec,
+            } => {
+                world
+                    .roce_nodes
+                    .retain(|rn| rn.metadata.name.as_deref() != Some(name));
+                world
+                    .roce_nodes
+                    .push(roce_node_object(name, fabric_name, fabric_uid, spec));
+            }
+            Write::ApplyFabricStatus { status, .. } => {
+                world.fabrics[0].status = Some(status.clone())
+            }
+            Write::AnnotatePodRegion {
+                namespace,
+                pod,
+                value,
+            } => {
+                let i = pods[&(namespace.clone(), pod.clone())];
+                world.pods[i]
+                    .metadata
+                    .annotations
+                    .get_or_insert_default()
+                    .insert(REGION_ANNOTATION.into(), value.clone());
+            }
+            Write::RemovePodGate { namespace, pod, .. } => {
+                let i = pods[&(namespace.clone(), pod.clone())];
+                world.pods[i].spec.as_mut().unwrap().scheduling_gates = None;
+            }
+            Write::ApplyRegionDirectory {
+                namespace,
+                fabric,
+                fabric_uid,
+                data,
+            } => {
+                let name = region_directory_name(fabric);
+                world.config_maps.retain(|cm| {
+                    !(cm.metadata.namespace.as_deref() == Some(namespace)
+                        && cm.metadata.name.as_deref() == Some(&name))
+                });
+                world
+                    .config_maps
+                    .push(region_directory_object(namespace, fabric, fabric_uid, data));
+            }
+            _ => {}
+        }
+    }
+    world.freed = p.freed.clone();
+    for rn in &mut world.roce_nodes {
+        rn.status = Some(RoceNodeStatus {
+            fabric_generation: Some(rn.spec.fabric_generation),
+            conditions: vec![Condition {
+                type_: condition::QOS_APPLIED.into(),
+                status: "True".into(),
+                reason: "QosApplied".into(),
+                message: String::new(),
+                observed_generation: None,
+                last_transition_time: Time(world.now),
+            }],
+            ..RoceNodeStatus::default()
+        });
+    }
+}
+
+fn timed<T>(runs: usize, mut f: impl FnMut() -> T) -> (Duration, Duration, T) {
+    let mut best = Duration::MAX;
+    let mut total = Duration::ZERO;
+    let mut last = None;
+    for _ in 0..runs {
+        let start = Instant::now();
+        let out = f();
+        let took = start.elapsed();
+        best = best.min(took);
+        total += took;
+        last = Some(black_box(out));
+    }
+    (best, total / runs as u32, last.unwrap())
+}
+
+fn main() {
+    let opts = PlanOptions::default();
+    let (mut w, world_heap) = peak_of(world);
+    println!(
+        "world: {NODES} nodes, {PODS} pods in {NAMESPACES} namespaces, 1 fabric (65,536 regions of 1Gi, \
+         maxUnavailable 10%), {} of heap",
+        mib(world_heap)
+    );
+
+    let (first, first_peak) = peak_of(|| plan(&w, &opts));
+    let (best, mean, _) = timed(3, || plan(&w, &opts));
+    println!(
+        "first pass   (nothing written yet): best {best:.2?}, mean {mean:.2?} over 3; {} writes; peak heap +{} above the world",
+        first.writes.len(),
+        mib(first_peak)
+    );
+
+    // Converge: the rollout takes 10 passes of 500 nodes; regions are all assigned in the first.
+    let mut passes = 0;
+    let mut p = first;
+    while !p.writes.is_empty() && passes < 50 {
+        apply(&mut w, &p);
+        p = plan(&w, &opts);
+        passes += 1;
+    }
+    assert!(p.writes.is_empty(), "the benchmark world converges");
+    drop(p);
+    let (steady, steady_peak) = peak_of(|| plan(&w, &opts));
+    let (best, mean, _) = timed(5, || plan(&w, &opts));
+    println!(
+        "steady state (converged after {passes} passes): best {best:.2?}, mean {mean:.2?} over 5; {} writes; \
+         peak heap +{} above the world ({} with its RoceNodes, annotations and directories)",
+        steady.writes.len(),
+        mib(steady_peak),
+        mib(HEAP.current_usage())
+    );
+    let f = &steady.report.fabrics[0];
+    println!(
+        "  status: {} nodes configured of {} selected, {} regions allocated of {}",
+        f.configured_nodes, f.selected_nodes, f.regions_allocated, f.region_capacity
+    );
+    drop(w);
+
+    // The region allocator alone.
+    let g = Geometry::new(1 << 30, 1 << 20).unwrap();
+    let fresh: Vec<Request> = (0..REGIONS)
+        .map(|i| Request {
+            existing: None,
+            len: 1 + u32::from(i % 16 == 0),
+        })
+        .collect();
+    let (a, alloc_peak) = peak_of(|| allocate(g, &fresh, &[]));
+    let (best, mean, _) = timed(5, || allocate(g, &fresh, &[]));
+    println!(
+        "allocate {REGIONS} new regions (every 16th two slots) in 1,048,576 slots: best {best:.2?}, mean {mean:.2?}; \
+         {} slots live; peak heap +{}",
+        a.live_slots,
+        mib(alloc_peak)
+    );
+    let recorded: Vec<Request> = a
+        .outcomes
+        .iter()
+        .map(|o| Request {
+            existing: o.slots(),
+            len: 1,
+        })
+        .collect();
+    let cooling: Vec<Slots> = (0..1_000)
+        .map(|i| Slots {
+            first: 500_000 + i * 3,
+            len: 1,
+        })
+        .collect();
+    let (best, mean, _) = timed(5, || allocate(g, &recorded, &cooling));
+    println!(
+        "rebuild {REGIONS} recorded regions with 1,000 cooling windows: best {best:.2?}, mean {mean:.2?}"
+    );
+    let full = Geometry::new(1 << 30, REGIONS).unwrap();
+    let over: Vec<Request> = (0..2 * REGIONS)
+        .map(|_| Request {
+            existing: None,
+            len: 1,
+        })
+        .collect();
+    let (best, mean, a) = timed(5, || allocate(full, &over, &[]));
+    println!(
+        "allocate {} requests into {REGIONS} slots (half wait): best {best:.2?}, mean {mean:.2?}; {} waiting",
+        2 * REGIONS,
+        a.waiting()
+    );
+}
