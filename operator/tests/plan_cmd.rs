@@ -11,14 +11,22 @@ fn examples() -> PathBuf {
 }
 
 fn run(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_rocefabric-operator")).arg("plan").args(args).output().unwrap()
+    Command::new(env!("CARGO_BIN_EXE_rocefabric-operator"))
+        .arg("plan")
+        .args(args)
+        .output()
+        .unwrap()
 }
 
 fn json(args: &[&str]) -> Value {
     let mut all = args.to_vec();
     all.extend(["--output", "json"]);
     let out = run(&all);
-    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
@@ -45,7 +53,10 @@ fn the_example_cluster_gets_four_nodes_and_four_regions() {
     assert_eq!(f["name"], "training");
     assert_eq!(f["selectedNodes"], 4);
     assert_eq!(f["conflictingNodes"], 0);
-    assert_eq!(f["regionsAllocated"], 6, "three 1Gi regions and one 3Gi window");
+    assert_eq!(
+        f["regionsAllocated"], 6,
+        "three 1Gi regions and one 3Gi window"
+    );
     assert_eq!(f["valid"], true);
 
     let nodes: Vec<(&str, &str)> = v["nodes"]
@@ -54,8 +65,22 @@ fn the_example_cluster_gets_four_nodes_and_four_regions() {
         .iter()
         .map(|n| (n["name"].as_str().unwrap(), n["fabric"].as_str().unwrap()))
         .collect();
-    assert_eq!(nodes, [("dgx-a01", "training"), ("dgx-a02", "training"), ("dgx-b01", "training"), ("dgx-b02", "training")]);
-    assert!(v["nodes"].as_array().unwrap().iter().all(|n| n.get("conflictsWith").is_none()));
+    assert_eq!(
+        nodes,
+        [
+            ("dgx-a01", "training"),
+            ("dgx-a02", "training"),
+            ("dgx-b01", "training"),
+            ("dgx-b02", "training")
+        ]
+    );
+    assert!(
+        v["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|n| n.get("conflictsWith").is_none())
+    );
 
     let regions: Vec<(String, String, String, u64, u64, u64)> = v["regions"]
         .as_array()
@@ -76,10 +101,38 @@ fn the_example_cluster_gets_four_nodes_and_four_regions() {
     assert_eq!(
         regions,
         [
-            ("default".into(), "trainer-0".into(), "training".into(), 1, gi, gi),
-            ("default".into(), "trainer-1".into(), "training".into(), 2, 2 * gi, gi),
-            ("default".into(), "trainer-2".into(), "training".into(), 3, 3 * gi, 3 * gi),
-            ("ml-eval".into(), "eval-0".into(), "training".into(), 0, 0, gi),
+            (
+                "default".into(),
+                "trainer-0".into(),
+                "training".into(),
+                1,
+                gi,
+                gi
+            ),
+            (
+                "default".into(),
+                "trainer-1".into(),
+                "training".into(),
+                2,
+                2 * gi,
+                gi
+            ),
+            (
+                "default".into(),
+                "trainer-2".into(),
+                "training".into(),
+                3,
+                3 * gi,
+                3 * gi
+            ),
+            (
+                "ml-eval".into(),
+                "eval-0".into(),
+                "training".into(),
+                0,
+                0,
+                gi
+            ),
         ],
         "the running eval pod is oldest and gets id 0; the 3Gi request gets three contiguous regions"
     );
@@ -124,15 +177,46 @@ fn conflicts_name_the_younger_fabric_and_a_new_fabric_counts_as_youngest() {
     let nodes = write(&dir, "nodes.yaml", NODES);
     let pods = write(&dir, "pods.yaml", "apiVersion: v1\nkind: List\nitems: []\n");
     let v = json(&["--fabrics", &fabrics, "--nodes", &nodes, "--pods", &pods]);
-    let by_name = |n: &str| v["nodes"].as_array().unwrap().iter().find(|x| x["name"] == n).cloned().unwrap();
+    let by_name = |n: &str| {
+        v["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["name"] == n)
+            .cloned()
+            .unwrap()
+    };
     assert_eq!(by_name("gpu-1")["fabric"], "gpus");
-    assert_eq!(by_name("gpu-1")["conflictsWith"], serde_json::json!(["rack-a"]));
+    assert_eq!(
+        by_name("gpu-1")["conflictsWith"],
+        serde_json::json!(["rack-a"])
+    );
     assert_eq!(by_name("gpu-2")["fabric"], "gpus");
     assert!(by_name("gpu-2").get("conflictsWith").is_none());
     assert_eq!(by_name("cpu-1")["fabric"], "rack-a");
-    let f = |n: &str| v["fabrics"].as_array().unwrap().iter().find(|x| x["name"] == n).cloned().unwrap();
-    assert_eq!((f("gpus")["selectedNodes"].as_u64(), f("gpus")["conflictingNodes"].as_u64()), (Some(2), Some(0)));
-    assert_eq!((f("rack-a")["selectedNodes"].as_u64(), f("rack-a")["conflictingNodes"].as_u64()), (Some(1), Some(1)));
+    let f = |n: &str| {
+        v["fabrics"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["name"] == n)
+            .cloned()
+            .unwrap()
+    };
+    assert_eq!(
+        (
+            f("gpus")["selectedNodes"].as_u64(),
+            f("gpus")["conflictingNodes"].as_u64()
+        ),
+        (Some(2), Some(0))
+    );
+    assert_eq!(
+        (
+            f("rack-a")["selectedNodes"].as_u64(),
+            f("rack-a")["conflictingNodes"].as_u64()
+        ),
+        (Some(1), Some(1))
+    );
     assert_eq!(v["regions"], serde_json::json!([]));
 }
 
@@ -151,16 +235,43 @@ fn an_invalid_fabric_is_listed_with_its_field_errors() {
     );
     let nodes = write(&dir, "nodes.yaml", NODES);
     let pods = write(&dir, "pods.yaml", "");
-    let v = json(&["--fabrics", &fabrics, "--fabrics", &too_big, "--nodes", &nodes, "--pods", &pods]);
+    let v = json(&[
+        "--fabrics",
+        &fabrics,
+        "--fabrics",
+        &too_big,
+        "--nodes",
+        &nodes,
+        "--pods",
+        &pods,
+    ]);
     let fabrics = v["fabrics"].as_array().unwrap();
     assert_eq!(fabrics[0]["name"], "bad");
     assert_eq!(fabrics[0]["valid"], false);
-    assert!(fabrics[0]["errors"][0]["field"].as_str().unwrap().contains("rocePriority"), "{}", fabrics[0]);
+    assert!(
+        fabrics[0]["errors"][0]["field"]
+            .as_str()
+            .unwrap()
+            .contains("rocePriority"),
+        "{}",
+        fabrics[0]
+    );
     assert_eq!(fabrics[1]["name"], "worse");
     assert_eq!(fabrics[1]["valid"], false);
-    assert!(fabrics[1]["errors"][0]["field"].as_str().unwrap().contains("roceDscp"), "{}", fabrics[1]);
     assert!(
-        v["nodes"].as_array().unwrap().iter().all(|n| n["action"] == "untouched"),
+        fabrics[1]["errors"][0]["field"]
+            .as_str()
+            .unwrap()
+            .contains("roceDscp"),
+        "{}",
+        fabrics[1]
+    );
+    assert!(
+        v["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|n| n["action"] == "untouched"),
         "nothing is written for an invalid fabric"
     );
 }
@@ -177,7 +288,16 @@ fn existing_roce_nodes_show_the_rollout_where_it_stands() {
         "apiVersion: rocefabric.io/v1alpha1\nkind: RoceNode\nmetadata: {name: gone, labels: {rocefabric.io/fabric: old}}\n\
          spec: {fabric: old, fabricGeneration: 1, qos: {}}\n",
     );
-    let v = json(&["--fabrics", &fabrics, "--nodes", &nodes, "--pods", &pods, "--roce-nodes", &roce]);
+    let v = json(&[
+        "--fabrics",
+        &fabrics,
+        "--nodes",
+        &nodes,
+        "--pods",
+        &pods,
+        "--roce-nodes",
+        &roce,
+    ]);
     assert_eq!(v["deletedRoceNodes"], serde_json::json!(["gone"]));
     assert_eq!(v["writes"]["delete_roce_node"], 1);
 }
@@ -195,7 +315,15 @@ fn the_table_names_nodes_fabrics_and_regions() {
     ]);
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
-    for needle in ["FABRIC", "training", "dgx-a01", "dgx-b02", "trainer-2", "3Gi", "eval-0"] {
+    for needle in [
+        "FABRIC",
+        "training",
+        "dgx-a01",
+        "dgx-b02",
+        "trainer-2",
+        "3Gi",
+        "eval-0",
+    ] {
         assert!(text.contains(needle), "{needle} missing in:\n{text}");
     }
     assert!(!text.contains("jupyter"), "{text}");
@@ -206,9 +334,18 @@ fn bad_files_are_named_with_the_problem() {
     let dir = tempfile::tempdir().unwrap();
     let fabrics = write(&dir, "fabrics.yaml", FABRICS);
     let nodes = write(&dir, "nodes.yaml", NODES);
-    let broken = write(&dir, "broken.yaml", "apiVersion: v1\nkind: List\nitems: [\n");
+    let broken = write(
+        &dir,
+        "broken.yaml",
+        "apiVersion: v1\nkind: List\nitems: [\n",
+    );
     let wrong = write(&dir, "wrong.yaml", NODES);
-    let missing = dir.path().join("missing.yaml").to_str().unwrap().to_string();
+    let missing = dir
+        .path()
+        .join("missing.yaml")
+        .to_str()
+        .unwrap()
+        .to_string();
     let no_kind = write(&dir, "nokind.yaml", "metadata: {name: x}\n");
     for (pods, expect) in [
         (&broken, "invalid YAML"),
@@ -216,10 +353,22 @@ fn bad_files_are_named_with_the_problem() {
         (&missing, "failed to read"),
         (&no_kind, "no `kind`"),
     ] {
-        let out = run(&["--fabrics", &fabrics, "--nodes", &nodes, "--pods", pods, "--output", "json"]);
+        let out = run(&[
+            "--fabrics",
+            &fabrics,
+            "--nodes",
+            &nodes,
+            "--pods",
+            pods,
+            "--output",
+            "json",
+        ]);
         assert!(!out.status.success());
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains(pods.as_str()) && err.contains(expect), "{expect}: {err}");
+        assert!(
+            err.contains(pods.as_str()) && err.contains(expect),
+            "{expect}: {err}"
+        );
         assert!(out.stdout.is_empty());
     }
 }

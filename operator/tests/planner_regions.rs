@@ -524,3 +524,96 @@ fn a_directory_over_the_limit_is_not_written_and_is_reported() {
         n
     );
 }
+
+#[test]
+fn removing_shared_memory_removes_the_directories_but_not_the_annotations() {
+    let mut w = world(
+        vec![shm(4)],
+        vec![],
+        vec![pod("ns", "p", 0, &[MEMBER], true)],
+    );
+    step(&mut w);
+    assert!(directory_of(&w, "ns").is_some());
+    w.fabrics[0].spec.shared_memory = None;
+    w.fabrics[0].metadata.generation = Some(2);
+    let p = step(&mut w);
+    assert!(p.writes.contains(&Write::DeleteRegionDirectory {
+        namespace: "ns".into(),
+        fabric: "f".into()
+    }));
+    assert!(
+        !p.writes
+            .iter()
+            .any(|w| matches!(w, Write::AnnotatePodRegion { .. }))
+    );
+    assert_eq!(region_of(&w, "ns", "p").unwrap().id, 0);
+    assert_eq!(
+        fabric_of(&w, "f").status.as_ref().unwrap().regions.capacity,
+        0
+    );
+}
+
+#[test]
+fn a_recorded_region_stays_with_its_fabric_even_when_invalid() {
+    let older = with_shared_memory(
+        fabric("older", 0, &[("x", "x")]),
+        "1Gi",
+        4,
+        &[("app", "mpi")],
+    );
+    let younger = with_shared_memory(
+        fabric("younger", 10, &[("x", "x")]),
+        "1Gi",
+        4,
+        &[("app", "mpi")],
+    );
+    let recorded = RegionAssignment {
+        fabric: "younger".into(),
+        id: 2,
+        base: 2 * GI,
+        size: GI,
+    }
+    .to_annotation();
+    let pods = vec![with_annotation(
+        pod("ns", "p", 0, &[("app", "mpi")], false),
+        &recorded,
+    )];
+    let mut w = world(vec![older, younger], vec![], pods);
+    let p = step(&mut w);
+    assert!(
+        !p.writes
+            .iter()
+            .any(|w| matches!(w, Write::AnnotatePodRegion { .. })),
+        "the annotation is the truth: the pod stays with the fabric it records"
+    );
+    assert_eq!(
+        fabric_of(&w, "younger")
+            .status
+            .as_ref()
+            .unwrap()
+            .regions
+            .allocated,
+        1
+    );
+    assert_eq!(
+        fabric_of(&w, "older")
+            .status
+            .as_ref()
+            .unwrap()
+            .regions
+            .allocated,
+        0
+    );
+
+    // The recorded fabric becomes invalid: its pods are left alone, not moved to the other one.
+    w.fabrics[1].spec.qos.mtu = 100;
+    let p = step(&mut w);
+    assert!(
+        !p.writes
+            .iter()
+            .any(|w| matches!(w, Write::AnnotatePodRegion { .. })),
+        "{:?}",
+        p.writes
+    );
+    assert_eq!(region_of(&w, "ns", "p").unwrap().fabric, "younger");
+}
