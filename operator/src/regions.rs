@@ -304,7 +304,7 @@ impl SlotMap {
             let (w, b) = ((i / 64) as usize, i % 64);
             let free_bits = !self.words[w] >> b;
             if free_bits == 0 {
-                i = (i - b) + 64;
+                i = (i - b).saturating_add(64);
                 continue;
             }
             i += free_bits.trailing_zeros();
