@@ -149,10 +149,40 @@ async fn round_trips_and_reregistration() {
     for _ in 0..RESTARTS {
         let t = Instant::now();
         kubelet.restart().await.unwrap();
+        let restart_took = t.elapsed();
         let snapshot = kubelet.wait_for_resources(&RESOURCES, WAIT).await.unwrap();
         listed.push(t.elapsed());
         let last = snapshot.registered().values().map(|r| r.at).max().unwrap();
         registered.push(last.duration_since(t));
+        if t.elapsed() > Duration::from_millis(20) {
+            let refused: Vec<_> = snapshot
+                .registrations
+                .iter()
+                .filter(|r| r.generation == snapshot.generation && !r.accepted())
+                .map(|r| {
+                    (
+                        r.request.resource_name.clone(),
+                        r.rejected.clone(),
+                        r.at.duration_since(t),
+                    )
+                })
+                .collect();
+            eprintln!(
+                "slow restart: restart() {restart_took:?}, total {:?}, refused {refused:?}",
+                t.elapsed()
+            );
+            for r in snapshot
+                .registrations
+                .iter()
+                .filter(|r| r.generation == snapshot.generation)
+            {
+                eprintln!(
+                    "   {} at {:?}",
+                    r.request.resource_name,
+                    r.at.duration_since(t)
+                );
+            }
+        }
     }
     let (r, l) = (stats(registered), stats(listed));
     println!(
