@@ -5,14 +5,14 @@
 //! Pure decisions (inventory, topology, allocation, QoS plans) are kept apart from the I/O shells
 //! (kubelet gRPC, netlink, driver files, the Kubernetes API).
 
-pub mod cli;
-pub mod model;
-pub mod kubelet;
 pub mod allocation;
+pub mod cli;
 pub mod config;
-pub mod topology;
+pub mod fabric_view;
 pub mod fixtures;
 pub mod inventory;
+pub mod kubelet;
+pub mod model;
 pub mod qos;
-pub mod fabric_view;
 pub mod serve;
+pub mod topology;

@@ -16,7 +16,10 @@ fn main() -> std::io::Result<()> {
             let dirs = match args.next() {
                 Some(dir) => vec![PathBuf::from(dir)],
                 // crds/ and the chart's byte-for-byte copies, so the two never drift.
-                None => vec![crate_dir.clone(), crate_dir.join("../charts/rocefabric/files/crds")],
+                None => vec![
+                    crate_dir.clone(),
+                    crate_dir.join("../charts/rocefabric/files/crds"),
+                ],
             };
             for dir in dirs.iter().filter(|d| d.is_dir()) {
                 for (file, yaml) in rocefabric_api::crdgen::manifests() {

@@ -1,9 +1,9 @@
 //! Command-line surface of the node daemon. Each subcommand lives in its own module.
 
-pub mod discover;
-pub mod serve;
-pub mod qos;
 pub mod agent;
+pub mod discover;
+pub mod qos;
+pub mod serve;
 
 use clap::{Parser, Subcommand};
 

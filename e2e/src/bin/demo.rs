@@ -32,7 +32,9 @@ async fn main() -> anyhow::Result<()> {
         ..Config::default()
     };
 
-    section("1. discovery: DGX H100 fixture (rocefabric-device-plugin discover --fixture dgx-h100)");
+    section(
+        "1. discovery: DGX H100 fixture (rocefabric-device-plugin discover --fixture dgx-h100)",
+    );
     let inv = inventory::discover(sysfs.path(), &config.hca.selector)
         .context("discovery failed on the fixture")?;
     print!("{}", discover::table(&inv));
@@ -51,7 +53,11 @@ async fn main() -> anyhow::Result<()> {
     let daemon = tokio::spawn(serve::run(options, view_rx, async {
         let _ = stop_rx.await;
     }));
-    let resources = [HCA_RESOURCE, config.gpu.resource_name.as_str(), GPU_HCA_RESOURCE];
+    let resources = [
+        HCA_RESOURCE,
+        config.gpu.resource_name.as_str(),
+        GPU_HCA_RESOURCE,
+    ];
     let snapshot = kubelet.wait_for_resources(&resources, WAIT).await?;
     for (name, reg) in snapshot.registered() {
         let devices = snapshot.devices_of(name).unwrap_or_default();
@@ -60,7 +66,10 @@ async fn main() -> anyhow::Result<()> {
             "{name:<16} endpoint {:<32} {:>2} devices ({healthy} healthy), preferred allocation: {}",
             reg.request.endpoint,
             devices.len(),
-            reg.request.options.as_ref().is_some_and(|o| o.get_preferred_allocation_available),
+            reg.request
+                .options
+                .as_ref()
+                .is_some_and(|o| o.get_preferred_allocation_available),
         );
     }
 
@@ -72,13 +81,18 @@ async fn main() -> anyhow::Result<()> {
         .map(|d| d.id.clone())
         .collect();
     let available: Vec<&str> = available.iter().map(String::as_str).collect();
-    let chosen = kubelet.preferred_allocation(HCA_RESOURCE, &available, &[], 2).await?;
+    let chosen = kubelet
+        .preferred_allocation(HCA_RESOURCE, &available, &[], 2)
+        .await?;
     println!("preferred: {}", chosen.join(", "));
     let chosen: Vec<&str> = chosen.iter().map(String::as_str).collect();
     let response = kubelet.allocate(HCA_RESOURCE, &chosen).await?;
     println!("device nodes:");
     for d in &response.devices {
-        println!("  {} -> {} ({})", d.host_path, d.container_path, d.permissions);
+        println!(
+            "  {} -> {} ({})",
+            d.host_path, d.container_path, d.permissions
+        );
     }
     println!("environment:");
     let mut envs: Vec<_> = response.envs.iter().collect();
