@@ -9,8 +9,10 @@ use std::collections::BTreeSet;
 
 use tokio::sync::watch;
 
+use rocefabric_api::{NicIdentity, NicSelector};
+
 use crate::config::Config;
-use crate::model::{Health, Inventory};
+use crate::model::{Hca, Health, Inventory};
 
 /// The fabric's view of this node, as far as device health and workload environment go.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -20,6 +22,9 @@ pub struct FabricView {
     /// `None`: no gate. `Some(netdevs)`: the netdevs whose QoS the agent reports applied; HCAs
     /// (and GPU+HCA pairs) on any other netdev are advertised Unhealthy.
     pub qos_ready: Option<BTreeSet<String>>,
+    /// The fabric's NICs (the RoceNode's `spec.nicSelector`): only these are gated. HCAs outside
+    /// the fabric (storage rails, other vendors) keep their own health. `None`: every HCA.
+    pub fabric_nics: Option<NicSelector>,
 }
 
 impl FabricView {
@@ -28,6 +33,7 @@ impl FabricView {
         Self {
             traffic_class: config.traffic_class,
             qos_ready: None,
+            fabric_nics: None,
         }
     }
 
@@ -44,13 +50,26 @@ impl FabricView {
         }
     }
 
-    /// The inventory with the gate applied: every HCA the gate does not admit is Unhealthy.
-    /// Everything else, GPUs included, is unchanged.
+    /// Whether the gate governs `hca`: it belongs to the fabric's NICs.
+    pub fn governs(&self, hca: &Hca) -> bool {
+        self.fabric_nics.as_ref().is_none_or(|sel| {
+            sel.matches(&NicIdentity {
+                vendor: hca.vendor,
+                device_id: hca.device_id,
+                pci_address: &hca.pci_address,
+                rdma_device: &hca.name,
+                netdev: hca.netdev.as_deref(),
+            })
+        })
+    }
+
+    /// The inventory with the gate applied: every fabric HCA the gate does not admit is
+    /// Unhealthy. Everything else, GPUs and HCAs outside the fabric included, is unchanged.
     pub fn gate(&self, inventory: &Inventory) -> Inventory {
         let mut gated = inventory.clone();
         if self.qos_ready.is_some() {
             for hca in &mut gated.hcas {
-                if !self.admits(hca.netdev.as_deref()) {
+                if self.governs(hca) && !self.admits(hca.netdev.as_deref()) {
                     hca.health = Health::Unhealthy;
                 }
             }
@@ -106,6 +125,7 @@ mod tests {
         let view = FabricView {
             traffic_class: None,
             qos_ready: Some(["enp24s0np0".to_string()].into_iter().collect()),
+            fabric_nics: None,
         };
         let inv = Inventory {
             hcas: vec![
@@ -135,11 +155,38 @@ mod tests {
         let view = FabricView {
             traffic_class: Some(98),
             qos_ready: None,
+            fabric_nics: None,
         };
         assert_eq!(view.effective_traffic_class(&config), Some(98));
         assert_eq!(
             FabricView::default().effective_traffic_class(&Config::default()),
             None
+        );
+    }
+
+    #[test]
+    fn gate_leaves_hcas_outside_the_fabric_alone() {
+        let view = FabricView {
+            traffic_class: None,
+            qos_ready: Some(["enp24s0np0".to_string()].into_iter().collect()),
+            fabric_nics: Some(NicSelector {
+                netdevs: vec!["enp24s0np0".into(), "enp64s0np0".into()],
+                ..NicSelector::default()
+            }),
+        };
+        let inv = Inventory {
+            hcas: vec![
+                hca("a", Some("enp24s0np0")),
+                hca("b", Some("enp64s0np0")),
+                hca("storage", Some("enp41s0f0np0")),
+            ],
+            gpus: vec![],
+        };
+        let health: Vec<_> = view.gate(&inv).hcas.iter().map(|h| h.health).collect();
+        assert_eq!(
+            health,
+            [Health::Healthy, Health::Unhealthy, Health::Healthy],
+            "the fabric HCA without QoS is gated; the storage HCA is not the fabric's"
         );
     }
 }

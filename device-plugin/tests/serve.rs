@@ -492,6 +492,7 @@ async fn qos_gate_reports_hcas_without_applied_qos_unhealthy() {
     let view = FabricView {
         traffic_class: Some(98),
         qos_ready: Some(ready),
+        fabric_nics: None,
     };
     let config = Config {
         traffic_class: Some(106),

@@ -256,6 +256,16 @@ pub fn is_lossless_knob(knob: Knob) -> bool {
     matches!(knob, Knob::Trust | Knob::DscpMap | Knob::Pfc | Knob::Mtu)
 }
 
+/// Whether an interface's report proves it lossless: no knob failed and every lossless knob
+/// holds. The device-plugin gate admits exactly these interfaces.
+pub fn interface_is_lossless(iface: &InterfaceStatus) -> bool {
+    !iface.knobs.is_empty()
+        && iface.knobs.iter().all(|k| {
+            k.outcome.holds()
+                || (k.outcome == KnobOutcome::Unsupported && !is_lossless_knob(k.knob))
+        })
+}
+
 /// `QosApplied`, `Ready` and `Degraded` for a node's interfaces (pure).
 ///
 /// `QosApplied` is True when no knob failed and every lossless knob ([`is_lossless_knob`])

@@ -15,16 +15,14 @@ use tracing::{info, warn};
 
 use crate::config::QosGate;
 use crate::fabric_view::FabricView;
+use crate::qos::agent::interface_is_lossless;
 
 /// The view a `RoceNode` gives: `None` (no RoceNode) is no gate; otherwise the spec's traffic
 /// class and the netdevs whose every knob holds, reported for the node's current generation
 /// (a status from an older spec admits nothing: the new spec is not applied yet).
 pub fn fabric_view_from_roce_node(node: Option<&RoceNode>) -> FabricView {
     let Some(node) = node else {
-        return FabricView {
-            traffic_class: None,
-            qos_ready: None,
-        };
+        return FabricView::default();
     };
     let mut ready = BTreeSet::new();
     if let Some(status) = &node.status {
@@ -35,7 +33,7 @@ pub fn fabric_view_from_roce_node(node: Option<&RoceNode>) -> FabricView {
                 status
                     .interfaces
                     .iter()
-                    .filter(|i| !i.knobs.is_empty() && i.knobs.iter().all(|k| k.outcome.holds()))
+                    .filter(|i| interface_is_lossless(i))
                     .map(|i| i.netdev.clone()),
             );
         }
@@ -43,6 +41,7 @@ pub fn fabric_view_from_roce_node(node: Option<&RoceNode>) -> FabricView {
     FabricView {
         traffic_class: Some(node.spec.qos.traffic_class()),
         qos_ready: Some(ready),
+        fabric_nics: Some(node.spec.nic_selector.clone()),
     }
 }
 
@@ -69,6 +68,7 @@ pub fn initial_view(gate: QosGate) -> FabricView {
         QosGate::Auto | QosGate::Enabled => FabricView {
             traffic_class: None,
             qos_ready: Some(BTreeSet::new()),
+            fabric_nics: None,
         },
     }
 }
@@ -178,13 +178,7 @@ mod tests {
 
     #[test]
     fn no_roce_node_means_no_gate() {
-        assert_eq!(
-            fabric_view_from_roce_node(None),
-            FabricView {
-                traffic_class: None,
-                qos_ready: None
-            }
-        );
+        assert_eq!(fabric_view_from_roce_node(None), FabricView::default());
         assert_eq!(
             gated_view(None, QosGate::Enabled).qos_ready,
             Some(BTreeSet::new())
@@ -193,7 +187,7 @@ mod tests {
     }
 
     #[test]
-    fn only_interfaces_whose_every_knob_holds_are_ready() {
+    fn only_interfaces_whose_lossless_knobs_hold_are_ready() {
         let n = node(
             2,
             2,
@@ -220,6 +214,22 @@ mod tests {
         assert_eq!(
             gated_view(Some(&n), QosGate::Disabled).traffic_class,
             Some(106)
+        );
+    }
+
+    #[test]
+    fn unsupported_congestion_knobs_do_not_block_a_lossless_interface() {
+        let mut upstream = iface("enp24s0np0", &[KnobOutcome::AlreadyCorrect]);
+        upstream
+            .knobs
+            .push(knob(Knob::EcnNotificationPoint, KnobOutcome::Unsupported));
+        let mut no_pfc = iface("enp64s0np0", &[KnobOutcome::Unsupported]);
+        no_pfc.knobs.push(knob(Knob::Mtu, KnobOutcome::Applied));
+        let view = fabric_view_from_roce_node(Some(&node(2, 2, vec![upstream, no_pfc])));
+        assert_eq!(
+            view.qos_ready,
+            Some(["enp24s0np0".to_string()].into_iter().collect()),
+            "upstream mlx5 (no ECN files) is lossless; a NIC without PFC is not"
         );
     }
 
@@ -284,7 +294,8 @@ mod tests {
             *rx.borrow_and_update(),
             FabricView {
                 traffic_class: Some(106),
-                qos_ready: Some(BTreeSet::new())
+                qos_ready: Some(BTreeSet::new()),
+                fabric_nics: Some(Default::default()),
             }
         );
 
@@ -323,10 +334,7 @@ mod tests {
         rx.changed().await.unwrap();
         assert_eq!(
             *rx.borrow_and_update(),
-            FabricView {
-                traffic_class: None,
-                qos_ready: None
-            },
+            FabricView::default(),
             "deleted: no gate"
         );
         drop(rx);
