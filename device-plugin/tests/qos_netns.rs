@@ -431,3 +431,95 @@ fn qos_apply_writes_fixture_driver_files_and_dry_run_does_not() {
         "AlreadyCorrect"
     );
 }
+
+/// Set in the copy of this test binary that runs inside the namespace.
+const ETHTOOL_CHILD: &str = "ROCEFABRIC_ETHTOOL_NETNS_CHILD";
+const ETHTOOL_CHILD_DONE: &str = "ethtool netns checks passed";
+
+/// Driver statistics over the real `SIOCETHTOOL` ioctl. The ioctl answers for the caller's
+/// network namespace, so this test re-runs itself (only this test) under `ip netns exec`, and the
+/// copy inside does the reading: the veth's statistics include `peer_ifindex`, whose value is the
+/// peer's ifindex; `lo` has no driver statistics; an unknown name is reported as such.
+#[test]
+fn driver_statistics_are_read_over_siocethtool_in_a_netns() {
+    if std::env::var_os(ETHTOOL_CHILD).is_some() {
+        ethtool_checks_inside_the_namespace();
+        println!("{ETHTOOL_CHILD_DONE}");
+        return;
+    }
+    let Some(ns) = Netns::with_veth("driver_statistics_over_siocethtool", "veth0") else {
+        return;
+    };
+    let out = Command::new("ip")
+        .args(["netns", "exec", &ns.name])
+        .arg(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "driver_statistics_are_read_over_siocethtool_in_a_netns",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(ETHTOOL_CHILD, "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains(ETHTOOL_CHILD_DONE),
+        "inside the namespace:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn ethtool_checks_inside_the_namespace() {
+    use rocefabric_device_plugin::qos::counters::FabricCounters;
+    use rocefabric_device_plugin::qos::driver_files::{NetdevFiles, Roots};
+    use rocefabric_device_plugin::qos::ethtool::{EthtoolError, driver_stats};
+
+    let stats = driver_stats("veth0").unwrap();
+    let peer_ifindex: u64 = fs::read_to_string("/sys/class/net/rfpeer0/ifindex")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(
+        stats.iter().find(|(n, _)| n == "peer_ifindex"),
+        Some(&("peer_ifindex".to_string(), peer_ifindex)),
+        "{stats:?}"
+    );
+    assert!(stats.iter().all(|(n, _)| !n.is_empty() && n.len() <= 32));
+
+    let err = driver_stats("lo").unwrap_err();
+    assert!(
+        matches!(&err, EthtoolError::NoDriverStats { netdev } if netdev == "lo"),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string().contains("lo: no driver statistics"),
+        "{err}"
+    );
+
+    let err = driver_stats("nope0").unwrap_err();
+    assert!(
+        matches!(&err, EthtoolError::NoSuchInterface { .. }),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("\"nope0\""), "{err}");
+
+    // The scrape over the real ioctl: the veth has statistics but no pause counters, and no DCB,
+    // so no pause family is exported (nothing invented).
+    let tmp = tempfile::tempdir().unwrap();
+    let roots = Roots {
+        sysfs: tmp.path().into(),
+        debugfs: tmp.path().join("debug"),
+        configfs: tmp.path().join("config"),
+    };
+    let targets = std::sync::Arc::new(std::sync::RwLock::new(vec![NetdevFiles::known(
+        &roots, "veth0", None, None,
+    )]));
+    let mut registry = prometheus_client::registry::Registry::default();
+    registry.register_collector(Box::new(FabricCounters::new(targets, Box::new(|| None))));
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    assert!(!text.contains("rocefabric_pfc_pause"), "{text}");
+    assert!(!text.contains("rocefabric_pause_storm"), "{text}");
+}

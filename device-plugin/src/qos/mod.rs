@@ -8,7 +8,8 @@
 //!   (out-of-tree sysfs, upstream debugfs, rdma_cm configfs): the kernel interfaces, each behind a
 //!   small trait or a root path so tests need no NIC;
 //! - [`apply`]: observe -> plan -> write -> read back -> per-knob [`KnobStatus`](rocefabric_api::KnobStatus);
-//! - [`counters`]: PFC, CNP and ECN counters as Prometheus metrics;
+//! - [`counters`]: PFC, CNP and ECN counters as Prometheus metrics, with [`ethtool`] reading the
+//!   driver statistics (`ethtool -S`: pause durations, pause-storm events) over `SIOCETHTOOL`;
 //! - [`agent`]: the Kubernetes shell that applies a `RoceNode` and writes its status;
 //! - [`gate`]: the device plugin's view of which netdevs are lossless.
 
@@ -17,6 +18,7 @@ pub mod apply;
 pub mod counters;
 pub mod dcbnl;
 pub mod driver_files;
+pub mod ethtool;
 #[cfg(test)]
 mod fixture_tests;
 pub mod gate;
