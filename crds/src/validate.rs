@@ -27,7 +27,7 @@ impl std::fmt::Display for FieldError {
 
 /// Every reason an object was rejected.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("invalid {kind} {name:?}: {}", .errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+#[error("invalid {kind}{}: {}", if name.is_empty() { String::new() } else { format!(" {name:?}") }, .errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
 pub struct Invalid {
     pub kind: &'static str,
     pub name: String,

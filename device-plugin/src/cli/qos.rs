@@ -141,8 +141,7 @@ pub fn load_qos(path: &std::path::Path) -> anyhow::Result<rocefabric_api::QosSpe
                 .unwrap_or_default()
         );
     }
-    rocefabric_api::validate::qos_value(&value)
-        .map_err(|e| anyhow!("invalid QoS block in {}: {e}", path.display()))
+    rocefabric_api::validate::qos_value(&value).map_err(|e| anyhow!("{}: {e}", path.display()))
 }
 
 /// Paths in `value` that `schema` (OpenAPI, with `properties`) does not know.
