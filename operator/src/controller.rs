@@ -223,6 +223,11 @@ impl AnnotationOverlay {
         self.entries.retain(|key, _| keep.contains(key));
     }
 
+    /// Forget everything (on a change of leadership: another leader may have written since).
+    pub fn clear(&mut self) {
+        self.entries.clear();
+    }
+
     /// Entries still held.
     pub fn len(&self) -> usize {
         self.entries.len()
@@ -686,9 +691,14 @@ pub async fn reconcile_loop(
             continue;
         }
         if !was_leader {
-            // Just became leader: a pass now, over whatever changed meanwhile.
+            // Just became leader: a pass now, over whatever changed meanwhile. Memory from an
+            // earlier term is stale (another leader may have freed or reassigned windows since),
+            // so the allocator rebuilds from the pods' annotations and the region directories,
+            // and the annotation overlay starts empty.
             was_leader = true;
             next_pass = Instant::now();
+            freed = FreedRegions::default();
+            ctx.overlay.lock().await.clear();
         }
         tokio::select! {
             () = shutdown.cancelled() => return Ok(()),

@@ -315,8 +315,7 @@ fn a_freed_id_is_skipped_while_other_ids_are_free() {
     );
     step(&mut w);
     assert_eq!(region_of(&w, "ns", "old").unwrap().id, 0);
-    w.pods[0].metadata.deletion_timestamp =
-        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(w.now));
+    w.pods[0].status.get_or_insert_with(Default::default).phase = Some("Succeeded".into());
     w.pods.push(pod("ns", "new", 5, &[MEMBER], true));
     step(&mut w);
     assert_eq!(
@@ -324,6 +323,38 @@ fn a_freed_id_is_skipped_while_other_ids_are_free() {
         1,
         "id 0 is in its grace period"
     );
+}
+
+#[test]
+fn a_pod_being_deleted_keeps_its_window_until_it_has_terminated() {
+    let mut w = world(
+        vec![shm(1)],
+        vec![],
+        vec![pod("ns", "old", 0, &[MEMBER], true)],
+    );
+    step(&mut w);
+    assert_eq!(region_of(&w, "ns", "old").unwrap().id, 0);
+    // Deleted, but still running out its termination grace period: the window stays taken.
+    w.pods[0].metadata.deletion_timestamp =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(w.now));
+    w.pods.push(pod("ns", "new", 5, &[MEMBER], true));
+    step(&mut w);
+    assert!(
+        region_of(&w, "ns", "new").is_none(),
+        "the only window is still held"
+    );
+    assert!(gated(&w, "ns", "new"));
+    // It terminated: the window cools down, then goes to the waiting pod.
+    w.pods.remove(0);
+    let p = step(&mut w);
+    assert!(region_of(&w, "ns", "new").is_none(), "grace period first");
+    let wait = p
+        .requeue_after
+        .expect("requeued when the grace period ends");
+    w.now += wait;
+    step(&mut w);
+    assert_eq!(region_of(&w, "ns", "new").unwrap().id, 0);
+    assert!(!gated(&w, "ns", "new"));
 }
 
 #[test]

@@ -98,13 +98,20 @@ impl<'w> PodRef<'w> {
     }
 }
 
-/// Whether a pod holds (or may get) a region: not finished and not being deleted.
+/// Whether a pod holds (or may get) a region: not finished. A pod being deleted still runs
+/// until its termination grace period ends (a training job may checkpoint into its window on
+/// SIGTERM), so it keeps a region it holds until it has terminated or is gone; it gets no new one.
 pub(crate) fn is_live(pod: &Pod) -> bool {
-    pod.metadata.deletion_timestamp.is_none()
-        && !matches!(
-            pod.status.as_ref().and_then(|s| s.phase.as_deref()),
-            Some("Succeeded" | "Failed")
-        )
+    let terminated = matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    );
+    let holds_region = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(REGION_ANNOTATION));
+    !terminated && (pod.metadata.deletion_timestamp.is_none() || holds_region)
 }
 
 /// What the region planning of one fabric produced.
