@@ -3,6 +3,7 @@
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::core::{Reason, Rule};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
@@ -20,6 +21,10 @@ use crate::nic_selector::NicSelector;
     shortname = "rf",
     status = "RoceFabricStatus",
     cel,
+    validation = Rule::new("size(self.metadata.name) <= 63")
+        .message("metadata.name must be at most 63 characters: the fabric name is used as a label value")
+        .reason(Reason::FieldValueInvalid)
+        .field_path(".metadata.name"),
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Configured","type":"integer","jsonPath":".status.nodes.configured"}"#,
     printcolumn = r#"{"name":"Selected","type":"integer","jsonPath":".status.nodes.selected"}"#,

@@ -233,6 +233,22 @@ fn max_unavailable_is_a_positive_integer_or_percentage() {
 }
 
 #[test]
+fn fabric_names_must_fit_a_label_value() {
+    let long = "f".repeat(64);
+    let mut object = fabric(json!({}));
+    object["metadata"]["name"] = json!(long);
+    let err = validate::fabric_value(&object).expect_err("64 characters is too long");
+    assert!(
+        err.errors
+            .iter()
+            .any(|e| e.field == "metadata.name" && e.message.contains("at most 63")),
+        "{err}"
+    );
+    object["metadata"]["name"] = json!("f".repeat(63));
+    validate::fabric_value(&object).expect("63 characters fit");
+}
+
+#[test]
 fn nic_selector_hex_typos_are_rejected() {
     assert_rejected(
         json!({"nicSelector": {"vendors": ["mellanox"]}}),

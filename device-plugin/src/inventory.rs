@@ -227,17 +227,25 @@ pub fn discover(sysfs_root: &Path, selector: &NicSelector) -> Result<Inventory, 
     }
     hcas.sort_by(|a, b| a.pci_address.cmp(&b.pci_address));
 
-    let mut gpus: Vec<Gpu> = Vec::new();
+    // `/dev/nvidiaN` follows the driver's enumeration, PCI order over the functions the nvidia
+    // driver owns: number every such GPU first, so one that cannot be read is skipped without
+    // shifting the indexes (and device nodes) of the GPUs after it.
+    let mut candidates: Vec<String> = Vec::new();
     for address in dir_names(&root.join("bus/pci/devices")) {
-        match read_gpu(&root, &address) {
-            Ok(Some(gpu)) => gpus.push(gpu),
-            Ok(None) => {}
+        match is_nvidia_gpu(&root, &address) {
+            Ok(true) => candidates.push(address),
+            Ok(false) => {}
             Err(error) => warn!(pci_address = %address, %error, "skipping PCI function"),
         }
     }
-    gpus.sort_by(|a, b| a.pci_address.cmp(&b.pci_address));
-    for (i, g) in gpus.iter_mut().enumerate() {
-        g.index = u32::try_from(i).unwrap_or(u32::MAX);
+    candidates.sort();
+    let mut gpus: Vec<Gpu> = Vec::new();
+    for (i, address) in candidates.iter().enumerate() {
+        let index = u32::try_from(i).unwrap_or(u32::MAX);
+        match read_gpu(&root, address, index) {
+            Ok(gpu) => gpus.push(gpu),
+            Err(error) => warn!(pci_address = %address, %error, "skipping GPU"),
+        }
     }
     debug!(hcas = hcas.len(), gpus = gpus.len(), root = %root.display(), "discovery done");
     Ok(Inventory { hcas, gpus })
@@ -407,26 +415,37 @@ pub fn roce_v2_ipv4_gid_index(port_dir: &Path, netdev: &str) -> Option<u32> {
     None
 }
 
-fn read_gpu(root: &Path, address: &str) -> Result<Option<Gpu>, DeviceError> {
+/// An NVIDIA display or 3D function not bound to another driver (a GPU passed through with
+/// `vfio-pci` is neither numbered by the nvidia driver nor usable by a container here).
+fn is_nvidia_gpu(root: &Path, address: &str) -> Result<bool, DeviceError> {
     let link = root.join("bus/pci/devices").join(address);
     if read_hex16(&link.join("vendor"))? != NVIDIA_VENDOR {
-        return Ok(None);
+        return Ok(false);
     }
     let class = read_class(&link.join("class"))?;
     if !matches!(class >> 8, 0x0300 | 0x0302) {
-        return Ok(None);
+        return Ok(false);
     }
+    let other_driver = std::fs::read_link(link.join("driver"))
+        .ok()
+        .and_then(|target| target.file_name().map(|n| n != "nvidia"))
+        .unwrap_or(false);
+    Ok(!other_driver)
+}
+
+fn read_gpu(root: &Path, address: &str, index: u32) -> Result<Gpu, DeviceError> {
+    let link = root.join("bus/pci/devices").join(address);
     let func = resolve_function(root, &link)?;
     let device_id = read_hex16(&func.dir.join("device"))?;
     let numa_node = read_numa(&func.dir)?;
-    Ok(Some(Gpu {
+    Ok(Gpu {
         pci_address: func.address,
-        index: 0,
+        index,
         device_id,
         numa_node,
         health: Health::Healthy,
         pci_path: func.pci_path,
-    }))
+    })
 }
 
 #[cfg(test)]

@@ -455,8 +455,45 @@ fn malformed_attributes_skip_only_that_device() {
     assert_eq!(
         gpus[1],
         (1, "0000:52:00.0"),
-        "indexes stay dense after a skipped GPU"
+        "a function whose class cannot be read is not known to be a GPU: not numbered"
     );
+}
+
+#[test]
+fn an_unreadable_gpu_keeps_the_indexes_of_the_gpus_after_it() {
+    let dir = written(&FixtureNode::dgx_h100());
+    let root = dir.path();
+    // GPU1 is a GPU (vendor and class read fine) but its NUMA node is garbage: it is skipped,
+    // and GPU2 must still be /dev/nvidia2, not take GPU1's device node.
+    fs::write(root.join("bus/pci/devices/0000:43:00.0/numa_node"), "one\n").unwrap();
+    let inv = discover_all(root);
+    let gpus: Vec<_> = inv
+        .gpus
+        .iter()
+        .map(|g| (g.index, g.pci_address.as_str()))
+        .collect();
+    assert_eq!(gpus.len(), 7);
+    assert_eq!(gpus[0], (0, "0000:1b:00.0"));
+    assert_eq!(
+        gpus[1],
+        (2, "0000:52:00.0"),
+        "index follows the driver's numbering"
+    );
+}
+
+#[test]
+fn a_gpu_bound_to_another_driver_is_not_advertised_or_numbered() {
+    let mut node = FixtureNode::dgx_h100();
+    node.function_mut("0000:1b:00.0").unwrap().driver = Some("vfio-pci".into());
+    let dir = written(&node);
+    let inv = discover_all(dir.path());
+    let gpus: Vec<_> = inv
+        .gpus
+        .iter()
+        .map(|g| (g.index, g.pci_address.as_str()))
+        .collect();
+    assert_eq!(gpus.len(), 7);
+    assert_eq!(gpus[0], (0, "0000:43:00.0"));
 }
 
 #[test]
