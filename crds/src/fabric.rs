@@ -3,7 +3,6 @@
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kube::core::{Reason, Rule};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
