@@ -225,14 +225,7 @@ pub fn plan(world: &World, opts: &PlanOptions) -> Plan {
             })
             .collect();
         let facts = status::Facts {
-            selected: r.selected,
-            configured: r.configured,
-            failed: r.failed,
-            in_progress: r.in_progress,
-            waiting: r.waiting,
-            budget: r.budget,
-            blocked: r.blocked,
-            failed_names: r.failed_names,
+            rollout: r.counts.clone(),
             conflicting,
             regions: region_counts,
             exhausted: regions.exhausted,
@@ -243,12 +236,12 @@ pub fn plan(world: &World, opts: &PlanOptions) -> Plan {
         status_writes.extend(write);
         fabric_events.extend(events);
 
-        fr.configured_nodes = r.configured;
-        fr.failed_nodes = r.failed;
-        fr.in_progress_nodes = r.in_progress;
-        fr.waiting_nodes = r.waiting;
-        fr.rollout_budget = r.budget;
-        fr.rollout_blocked = r.blocked;
+        fr.configured_nodes = r.counts.configured;
+        fr.failed_nodes = r.counts.failed;
+        fr.in_progress_nodes = r.counts.in_progress;
+        fr.waiting_nodes = r.counts.waiting;
+        fr.rollout_budget = r.counts.budget;
+        fr.rollout_blocked = r.counts.blocked;
         fr.traffic_class = Some(f.obj.spec.qos.traffic_class());
         fr.regions_allocated = regions.live_slots;
         fr.region_count = regions.region_count;

@@ -17,9 +17,9 @@ use super::report::{NodeAction, NodeState};
 use super::selection::FabricView;
 use super::writes::Write;
 
-/// A fabric's nodes after pacing.
-#[derive(Default)]
-pub(crate) struct Rollout {
+/// Where a fabric's rollout stands: the numbers its status and report are made of.
+#[derive(Clone, Default)]
+pub(crate) struct RolloutCounts {
     pub selected: u32,
     pub configured: u32,
     pub failed: u32,
@@ -31,6 +31,12 @@ pub(crate) struct Rollout {
     pub blocked: bool,
     /// Names of nodes failing the current generation, by name.
     pub failed_names: Vec<String>,
+}
+
+/// A fabric's nodes after pacing.
+#[derive(Default)]
+pub(crate) struct Rollout {
+    pub counts: RolloutCounts,
     /// Per owned node (same order as the owned list): what happens and where it stands.
     pub nodes: Vec<(NodeAction, NodeState)>,
     pub writes: Vec<Write>,
@@ -100,10 +106,13 @@ pub(crate) fn plan_rollout(
 ) -> Rollout {
     let desired = desired_spec(fabric);
     let mut r = Rollout {
-        selected: count(owned.len()),
+        counts: RolloutCounts {
+            selected: count(owned.len()),
+            ..RolloutCounts::default()
+        },
         ..Rollout::default()
     };
-    r.budget = count(fabric.obj.spec.rollout.budget(owned.len()));
+    r.counts.budget = count(fabric.obj.spec.rollout.budget(owned.len()));
     let classes: Vec<Class> = owned
         .iter()
         .map(|&n| {
@@ -125,30 +134,32 @@ pub(crate) fn plan_rollout(
             Class::Current {
                 report: Report::Applied,
                 ..
-            } => r.configured += 1,
+            } => r.counts.configured += 1,
             Class::Current {
                 report: Report::Failed,
                 ..
             } => {
-                r.failed += 1;
-                r.failed_names.push(node_name(&nodes[owned[i]]).to_string());
+                r.counts.failed += 1;
+                r.counts
+                    .failed_names
+                    .push(node_name(&nodes[owned[i]]).to_string());
             }
             Class::Current {
                 report: Report::Pending,
                 ..
             }
-            | Class::Stale { settling: true } => r.in_progress += 1,
+            | Class::Stale { settling: true } => r.counts.in_progress += 1,
             Class::Stale { settling: false } | Class::Missing => {}
         }
         if matches!(c, Class::Missing | Class::Stale { settling: false }) {
-            r.waiting += 1;
+            r.counts.waiting += 1;
         }
     }
-    r.blocked = r.failed > r.budget && r.waiting > 0;
-    let mut slots = if r.blocked {
+    r.counts.blocked = r.counts.failed > r.counts.budget && r.counts.waiting > 0;
+    let mut slots = if r.counts.blocked {
         0
     } else {
-        r.budget.saturating_sub(r.in_progress)
+        r.counts.budget.saturating_sub(r.counts.in_progress)
     };
     for (i, c) in classes.iter().enumerate() {
         let name = node_name(&nodes[owned[i]]);
@@ -177,7 +188,7 @@ pub(crate) fn plan_rollout(
             }
             // Still settling an older spec: it is in progress already (and counted so), so it
             // takes the current spec without a new slot.
-            Class::Stale { settling: true } if !r.blocked => {
+            Class::Stale { settling: true } if !r.counts.blocked => {
                 r.writes.push(apply());
                 (NodeAction::Update, NodeState::InProgress)
             }
@@ -185,8 +196,8 @@ pub(crate) fn plan_rollout(
             Class::Missing | Class::Stale { settling: false } if slots > 0 => {
                 slots -= 1;
                 r.writes.push(apply());
-                r.in_progress += 1;
-                r.waiting -= 1;
+                r.counts.in_progress += 1;
+                r.counts.waiting -= 1;
                 let action = if matches!(c, Class::Missing) {
                     NodeAction::Create
                 } else {

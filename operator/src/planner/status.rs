@@ -11,6 +11,7 @@ use rocefabric_api::conditions::{self, Desired};
 use rocefabric_api::constants::{condition, reason};
 use rocefabric_api::{NodeCounts, RegionCounts, RoceFabricStatus};
 
+use super::rollout::RolloutCounts;
 use super::selection::FabricView;
 use super::writes::{Event, EventType, Write};
 
@@ -32,14 +33,7 @@ pub(crate) struct Problem {
 
 /// What the status is computed from, for a valid fabric.
 pub(crate) struct Facts {
-    pub selected: u32,
-    pub configured: u32,
-    pub failed: u32,
-    pub in_progress: u32,
-    pub waiting: u32,
-    pub budget: u32,
-    pub blocked: bool,
-    pub failed_names: Vec<String>,
+    pub rollout: RolloutCounts,
     /// (node, owning fabric), by node name.
     pub conflicting: Vec<(String, String)>,
     pub regions: RegionCounts,
@@ -70,16 +64,16 @@ pub(crate) fn valid_status(
 ) -> (Option<Write>, Vec<Event>) {
     let g = fabric.generation;
     let mut problems = Vec::new();
-    if facts.failed > 0 {
+    if facts.rollout.failed > 0 {
         let mut detail = format!(
             "{} failed generation {g}: {}",
-            plural(facts.failed, "node", "nodes"),
-            list(&facts.failed_names)
+            plural(facts.rollout.failed, "node", "nodes"),
+            list(&facts.rollout.failed_names)
         );
-        if facts.blocked {
+        if facts.rollout.blocked {
             detail.push_str(&format!(
                 " (rollout stopped: failures exceed the budget of {})",
-                facts.budget
+                facts.rollout.budget
             ));
         }
         problems.push(Problem {
@@ -140,7 +134,7 @@ pub(crate) fn valid_status(
             ),
         });
     }
-    if facts.selected == 0 {
+    if facts.rollout.selected == 0 {
         problems.push(Problem {
             reason: reason::NO_NODES_SELECTED,
             detail: if facts.conflicting.is_empty() {
@@ -153,33 +147,37 @@ pub(crate) fn valid_status(
 
     let summary = format!(
         "{}/{} nodes configured for generation {g}: {} failed, {} in progress, {} waiting",
-        facts.configured, facts.selected, facts.failed, facts.in_progress, facts.waiting
+        facts.rollout.configured,
+        facts.rollout.selected,
+        facts.rollout.failed,
+        facts.rollout.in_progress,
+        facts.rollout.waiting
     );
-    let ready = if facts.selected == 0 {
+    let ready = if facts.rollout.selected == 0 {
         Desired::new(
             condition::READY,
             false,
             reason::NO_NODES_SELECTED,
             "no nodes selected",
         )
-    } else if facts.configured == facts.selected {
+    } else if facts.rollout.configured == facts.rollout.selected {
         Desired::new(
             condition::READY,
             true,
             reason::ALL_NODES_CONFIGURED,
             format!(
                 "all {} configured for generation {g}",
-                plural(facts.selected, "node", "nodes")
+                plural(facts.rollout.selected, "node", "nodes")
             ),
         )
-    } else if facts.blocked {
+    } else if facts.rollout.blocked {
         Desired::new(
             condition::READY,
             false,
             reason::ROLLOUT_BLOCKED,
             summary.clone(),
         )
-    } else if facts.in_progress + facts.waiting == 0 {
+    } else if facts.rollout.in_progress + facts.rollout.waiting == 0 {
         Desired::new(
             condition::READY,
             false,
@@ -194,32 +192,32 @@ pub(crate) fn valid_status(
             summary.clone(),
         )
     };
-    let progressing = if facts.selected == 0 {
+    let progressing = if facts.rollout.selected == 0 {
         Desired::new(
             condition::PROGRESSING,
             false,
             reason::NO_NODES_SELECTED,
             "no nodes selected",
         )
-    } else if facts.blocked {
+    } else if facts.rollout.blocked {
         Desired::new(
             condition::PROGRESSING,
             false,
             reason::ROLLOUT_BLOCKED,
             format!(
                 "rollout of generation {g} stopped: {} failed, more than the budget of {}",
-                plural(facts.failed, "node", "nodes"),
-                facts.budget
+                plural(facts.rollout.failed, "node", "nodes"),
+                facts.rollout.budget
             ),
         )
-    } else if facts.in_progress + facts.waiting > 0 {
+    } else if facts.rollout.in_progress + facts.rollout.waiting > 0 {
         Desired::new(
             condition::PROGRESSING,
             true,
             reason::ROLLOUT_IN_PROGRESS,
             format!(
                 "rolling out generation {g}, at most {} at a time; {summary}",
-                plural(facts.budget, "node", "nodes")
+                plural(facts.rollout.budget, "node", "nodes")
             ),
         )
     } else {
@@ -234,9 +232,9 @@ pub(crate) fn valid_status(
         observed_generation: Some(g),
         conditions: Vec::new(),
         nodes: NodeCounts {
-            selected: facts.selected,
-            configured: facts.configured,
-            failed: facts.failed,
+            selected: facts.rollout.selected,
+            configured: facts.rollout.configured,
+            failed: facts.rollout.failed,
             conflicting: super::rollout::count(facts.conflicting.len()),
         },
         regions: facts.regions.clone(),
