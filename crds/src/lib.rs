@@ -8,6 +8,7 @@
 pub mod conditions;
 pub mod constants;
 pub mod crdgen;
+pub mod errors;
 pub mod fabric;
 pub mod nic_selector;
 pub mod node;

@@ -10,8 +10,10 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            // `{:#}` prints the whole context chain on one line; no backtrace for operators.
-            eprintln!("rocefabric-device-plugin: error: {error:#}");
+            eprintln!(
+                "rocefabric-device-plugin: error: {}",
+                rocefabric_api::errors::one_line(error.as_ref())
+            );
             ExitCode::FAILURE
         }
     }

@@ -21,7 +21,10 @@ async fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("rocefabric-operator: error: {error:#}");
+            eprintln!(
+                "rocefabric-operator: error: {}",
+                rocefabric_api::errors::one_line(error.as_ref())
+            );
             ExitCode::FAILURE
         }
     }
