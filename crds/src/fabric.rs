@@ -261,7 +261,7 @@ pub struct SharedMemorySpec {
     /// Most regions the space holds, 1..1048576.
     #[schemars(range(min = 1, max = 1048576))]
     pub max_regions: u32,
-    /// Pods that get a region. Empty selects every pod that names the fabric in its region gate.
+    /// Pods that get a region. Empty selects the pods labelled `rocefabric.io/fabric: <fabric name>`.
     #[serde(default)]
     pub pod_selector: LabelSelector,
 }
