@@ -2,12 +2,12 @@
 //! steady state, node and fabric removal, invalid specs.
 #![allow(clippy::unwrap_used)] // tests fail loudly on the unexpected
 
-mod planner_support;
+mod support;
 
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use planner_support::*;
 use rocefabric_api::constants::{condition, reason};
 use rocefabric_operator::planner::{EventType, NodeAction, Write, plan};
+use support::world::*;
 
 const GPU: (&str, &str) = ("gpu", "h100");
 

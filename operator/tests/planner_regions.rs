@@ -2,11 +2,10 @@
 //! period of freed ids, rebuild after a restart, duplicate claims.
 #![allow(clippy::unwrap_used)] // tests fail loudly on the unexpected
 
-mod planner_support;
+mod support;
 
 use std::time::Duration;
 
-use planner_support::*;
 use rocefabric_api::constants::{condition, reason};
 use rocefabric_operator::planner::directory::{
     self, DIRECTORY_KEY, DOCUMENTED_REGIONS_PER_NAMESPACE, DirectoryEntry, MAX_DIRECTORY_BYTES,
@@ -16,6 +15,7 @@ use rocefabric_operator::planner::{
     EventType, REGION_DIRECTORY_TOO_LARGE, REGION_REQUEST_INVALID, World, Write, plan,
 };
 use rocefabric_operator::regions::RegionAssignment;
+use support::world::*;
 
 const GI: u64 = 1 << 30;
 const MEMBER: (&str, &str) = ("rocefabric.io/fabric", "f");
@@ -121,19 +121,7 @@ fn each_pod_is_annotated_before_its_gate_is_removed() {
 
 #[test]
 fn other_gates_are_kept_when_ours_is_removed() {
-    let mut p = pod("ns", "p", 0, &[MEMBER], true);
-    p.spec
-        .as_mut()
-        .unwrap()
-        .scheduling_gates
-        .as_mut()
-        .unwrap()
-        .insert(
-            0,
-            k8s_openapi::api::core::v1::PodSchedulingGate {
-                name: "example.com/quota".into(),
-            },
-        );
+    let p = gated_behind("ns", "p", 0, &[MEMBER], "example.com/quota");
     let w = world(vec![shm(2)], vec![], vec![p]);
     let plan = plan(&w, &opts());
     assert!(plan.writes.iter().any(|w| matches!(w,

@@ -15,7 +15,7 @@ use rocefabric_operator::controller::{Context, PassSummary, reconcile_once};
 use rocefabric_operator::metrics::Metrics;
 use rocefabric_operator::planner::{PlanOptions, World, plan};
 use serde_json::json;
-use support::world::{apply_writes, fabric, gated_pod, node, now, with_shared_memory, world};
+use support::world::{apply, fabric, gated_behind, node, now, with_shared_memory, world};
 use support::{ApiServer, MANAGED, SSA, mock_client};
 
 const ROCENODES: &str = "/apis/rocefabric.io/v1alpha1/rocenodes";
@@ -26,9 +26,10 @@ const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/default/events";
 /// Fabric `dgx` (all nodes at once) over `n1`, `n2` (labelled) and `n3` (not), with a 4-region
 /// space for pods labelled `app=train`, and one gated pod `team/w0` behind another gate.
 fn first_world() -> World {
-    let mut f = fabric("dgx", "uid-dgx", &[("rdma", "true")], 100);
+    // Created 100 s before `now()` (an hour after T0); the pod 10 s before.
+    let mut f = fabric("dgx", 3500, &[("rdma", "true")]);
     f.spec.rollout.max_unavailable = IntOrString::String("100%".into());
-    let f = with_shared_memory(f, 4, &[("app", "train")]);
+    let f = with_shared_memory(f, "1Gi", 4, &[("app", "train")]);
     world(
         vec![f],
         vec![
@@ -36,12 +37,12 @@ fn first_world() -> World {
             node("n2", &[("rdma", "true")]),
             node("n3", &[]),
         ],
-        vec![gated_pod(
+        vec![gated_behind(
             "team",
             "w0",
+            3590,
             &[("app", "train")],
-            Some("example.com/quota"),
-            10,
+            "example.com/quota",
         )],
     )
 }
@@ -50,8 +51,7 @@ fn first_world() -> World {
 fn converged(mut w: World) -> World {
     for _ in 0..3 {
         let p = plan(&w, &PlanOptions::default());
-        apply_writes(&mut w, &p.writes);
-        w.freed = p.freed;
+        apply(&mut w, &p);
     }
     assert!(
         plan(&w, &PlanOptions::default()).writes.is_empty(),
