@@ -666,8 +666,16 @@ pub async fn reconcile_loop(
     shutdown: CancellationToken,
 ) -> Result<(), ControllerError> {
     tokio::select! {
+        biased;
         () = shutdown.cancelled() => return Ok(()),
-        ready = stores.wait_until_ready() => ready?,
+        ready = stores.wait_until_ready() => {
+            // On shutdown the watches end, which can win the race against the token: a cache
+            // that never synced because we are stopping is not a failure.
+            if shutdown.is_cancelled() {
+                return Ok(());
+            }
+            ready?;
+        }
     }
     health.set_ready(true);
     ctx.metrics.cache_synced.set(1.0);
