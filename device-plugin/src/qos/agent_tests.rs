@@ -76,10 +76,7 @@ fn setup() -> Setup {
     let tree = tree(Flavour::OutOfTree, true);
     let kernel = Arc::new(FakeNode {
         dcb: Mutex::new(FakeDcb::mlx5()),
-        link: Mutex::new(FakeLink {
-            mtu: 1500,
-            writes: 0,
-        }),
+        link: Mutex::new(FakeLink::with_mtu(1500)),
     });
     let ctx = Context::new(client, "node-a".into(), tree.roots.clone(), kernel.clone());
     Setup {

@@ -423,6 +423,22 @@ pub(crate) mod tests {
         pub writes: usize,
     }
 
+    impl FakeLink {
+        pub(crate) fn with_mtu(mtu: u32) -> Self {
+            Self { mtu, writes: 0 }
+        }
+    }
+
+    /// [`apply`] over the fakes.
+    pub(crate) fn apply_fake(
+        dcb: &mut FakeDcb,
+        link: &mut FakeLink,
+        files: &NetdevFiles,
+        desired: &Desired,
+    ) -> Outcome {
+        apply(&mut Kernel { dcb, link }, files, desired)
+    }
+
     impl LinkOps for FakeLink {
         fn get_link(&mut self, ifname: &str) -> Result<LinkInfo, LinkError> {
             Ok(LinkInfo {
@@ -452,19 +468,9 @@ pub(crate) mod tests {
     #[test]
     fn dcb_knobs_are_applied_and_read_back() {
         let mut dcb = FakeDcb::mlx5();
-        let mut link = FakeLink {
-            mtu: 1500,
-            writes: 0,
-        };
+        let mut link = FakeLink::with_mtu(1500);
         let desired = Desired::from_spec(&QosSpec::default());
-        let out = apply(
-            &mut Kernel {
-                dcb: &mut dcb,
-                link: &mut link,
-            },
-            &files(),
-            &desired,
-        );
+        let out = apply_fake(&mut dcb, &mut link, &files(), &desired);
         let get = |k| out.knobs.iter().find(|s| s.knob == k).unwrap().outcome;
         assert_eq!(get(Knob::Pfc), KnobOutcome::Applied);
         assert_eq!(get(Knob::DscpMap), KnobOutcome::Applied);
@@ -481,14 +487,7 @@ pub(crate) mod tests {
 
         // Second run: nothing written at all, everything DCB already correct.
         let (pfc_writes, app_writes) = (dcb.pfc_writes, dcb.app_writes);
-        let out = apply(
-            &mut Kernel {
-                dcb: &mut dcb,
-                link: &mut link,
-            },
-            &files(),
-            &desired,
-        );
+        let out = apply_fake(&mut dcb, &mut link, &files(), &desired);
         assert_eq!(
             (dcb.pfc_writes, dcb.app_writes, link.writes),
             (pfc_writes, app_writes, 1)
@@ -510,19 +509,9 @@ pub(crate) mod tests {
             ignore_pfc: true,
             ..FakeDcb::mlx5()
         };
-        let mut link = FakeLink {
-            mtu: 4200,
-            writes: 0,
-        };
+        let mut link = FakeLink::with_mtu(4200);
         let desired = Desired::from_spec(&QosSpec::default());
-        let out = apply(
-            &mut Kernel {
-                dcb: &mut dcb,
-                link: &mut link,
-            },
-            &files(),
-            &desired,
-        );
+        let out = apply_fake(&mut dcb, &mut link, &files(), &desired);
         let pfc = out.knobs.iter().find(|s| s.knob == Knob::Pfc).unwrap();
         assert_eq!(pfc.outcome, KnobOutcome::Failed);
         assert_eq!(pfc.error.as_deref(), Some("wrote 3 but reads back none"));
@@ -533,20 +522,10 @@ pub(crate) mod tests {
     #[test]
     fn no_dcb_means_unsupported_never_applied() {
         let mut dcb = FakeDcb::default();
-        let mut link = FakeLink {
-            mtu: 1500,
-            writes: 0,
-        };
+        let mut link = FakeLink::with_mtu(1500);
         let desired = Desired::from_spec(&QosSpec::default());
         let f = files();
-        let out = apply(
-            &mut Kernel {
-                dcb: &mut dcb,
-                link: &mut link,
-            },
-            &f,
-            &desired,
-        );
+        let out = apply_fake(&mut dcb, &mut link, &f, &desired);
         assert_eq!(out.applied(), vec![Knob::Mtu]);
         for k in [Knob::Trust, Knob::DscpMap, Knob::Pfc] {
             let s = out.knobs.iter().find(|s| s.knob == k).unwrap();
@@ -570,10 +549,7 @@ pub(crate) mod tests {
     #[test]
     fn dry_run_writes_nothing_and_plans_what_would_change() {
         let mut dcb = FakeDcb::mlx5();
-        let mut link = FakeLink {
-            mtu: 1500,
-            writes: 0,
-        };
+        let mut link = FakeLink::with_mtu(1500);
         let desired = Desired::from_spec(&QosSpec::default());
         let (_, p) = dry_run(
             &mut Kernel {

@@ -11,8 +11,8 @@ use std::time::SystemTime;
 
 use rocefabric_api::{Knob, KnobOutcome, KnobStatus, Mechanism, QosSpec};
 
-use super::apply::tests::{FakeDcb, FakeLink};
-use super::apply::{Kernel, apply, dry_run};
+use super::apply::tests::{FakeDcb, FakeLink, apply_fake};
+use super::apply::{Kernel, dry_run};
 use super::driver_files::{NetdevFiles, Roots};
 use super::plan::Desired;
 use crate::fixtures::FixtureNode;
@@ -159,19 +159,9 @@ fn out_of_tree_flavour_writes_exactly_what_differs_then_nothing() {
     let f = files(&t);
     let desired = Desired::from_spec(&QosSpec::default());
     let mut dcb = FakeDcb::mlx5();
-    let mut link = FakeLink {
-        mtu: 1500,
-        writes: 0,
-    };
+    let mut link = FakeLink::with_mtu(1500);
     let before = snapshot(&t.roots);
-    let out = apply(
-        &mut Kernel {
-            dcb: &mut dcb,
-            link: &mut link,
-        },
-        &f,
-        &desired,
-    );
+    let out = apply_fake(&mut dcb, &mut link, &f, &desired);
     let after = snapshot(&t.roots);
 
     let net = real_net_dir(&t);
@@ -237,14 +227,7 @@ fn out_of_tree_flavour_writes_exactly_what_differs_then_nothing() {
 
     // Second pass: everything holds, nothing is written anywhere.
     let (pfc_writes, app_writes) = (dcb.pfc_writes, dcb.app_writes);
-    let out = apply(
-        &mut Kernel {
-            dcb: &mut dcb,
-            link: &mut link,
-        },
-        &f,
-        &desired,
-    );
+    let out = apply_fake(&mut dcb, &mut link, &f, &desired);
     assert_eq!(
         snapshot(&t.roots),
         after,
@@ -269,19 +252,9 @@ fn upstream_flavour_sets_cnp_through_debugfs_and_has_no_ecn_enable() {
     let f = files(&t);
     let desired = Desired::from_spec(&QosSpec::default());
     let mut dcb = FakeDcb::mlx5();
-    let mut link = FakeLink {
-        mtu: 4200,
-        writes: 0,
-    };
+    let mut link = FakeLink::with_mtu(4200);
     let before = snapshot(&t.roots);
-    let out = apply(
-        &mut Kernel {
-            dcb: &mut dcb,
-            link: &mut link,
-        },
-        &f,
-        &desired,
-    );
+    let out = apply_fake(&mut dcb, &mut link, &f, &desired);
     let diff = changed(&before, &snapshot(&t.roots), &t.roots.debugfs);
     let cc = format!("mlx5/{BDF}/cc_params");
     let debug_changes: BTreeMap<String, String> = diff
@@ -334,19 +307,9 @@ fn neither_flavour_reports_unsupported_and_writes_no_file() {
     let f = files(&t);
     let desired = Desired::from_spec(&QosSpec::default());
     let mut dcb = FakeDcb::mlx5();
-    let mut link = FakeLink {
-        mtu: 1500,
-        writes: 0,
-    };
+    let mut link = FakeLink::with_mtu(1500);
     let before = snapshot(&t.roots);
-    let out = apply(
-        &mut Kernel {
-            dcb: &mut dcb,
-            link: &mut link,
-        },
-        &f,
-        &desired,
-    );
+    let out = apply_fake(&mut dcb, &mut link, &f, &desired);
     assert_eq!(snapshot(&t.roots), before);
     for k in [
         Knob::EcnNotificationPoint,
@@ -389,10 +352,7 @@ fn dry_run_writes_nothing_in_any_flavour() {
             ..QosSpec::default()
         });
         let mut dcb = FakeDcb::mlx5();
-        let mut link = FakeLink {
-            mtu: 1500,
-            writes: 0,
-        };
+        let mut link = FakeLink::with_mtu(1500);
         let before = snapshot(&t.roots);
         let (_, p) = dry_run(
             &mut Kernel {
@@ -425,18 +385,8 @@ fn rdma_cm_entry_is_created_when_missing() {
     let f = files(&t);
     let desired = Desired::from_spec(&QosSpec::default());
     let mut dcb = FakeDcb::mlx5();
-    let mut link = FakeLink {
-        mtu: 4200,
-        writes: 0,
-    };
-    let out = apply(
-        &mut Kernel {
-            dcb: &mut dcb,
-            link: &mut link,
-        },
-        &f,
-        &desired,
-    );
+    let mut link = FakeLink::with_mtu(4200);
+    let out = apply_fake(&mut dcb, &mut link, &f, &desired);
     let entry = t.roots.configfs.join("rdma_cm").join(IBDEV);
     assert!(entry.is_dir(), "mkdir rdma_cm/{IBDEV}");
     // A plain directory is not configfs: the kernel would have created ports/1/*; here the
