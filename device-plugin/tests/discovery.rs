@@ -355,46 +355,33 @@ fn kernel_layout_symlinks_are_relative() {
             .file_type()
             .is_symlink()
     );
-    assert_eq!(
-        fs::read_to_string(fdir.join("infiniband_verbs/uverbs2/ibdev")).unwrap(),
-        "mlx5_0\n"
-    );
-    assert_eq!(
-        fs::read_to_string(fdir.join("infiniband_verbs/uverbs2/dev")).unwrap(),
-        "231:194\n"
-    );
-    assert_eq!(fs::read_to_string(fdir.join("vendor")).unwrap(), "0x15b3\n");
-    assert_eq!(
-        fs::read_to_string(fdir.join("class")).unwrap(),
-        "0x020000\n"
-    );
     let ib = fdir.join("infiniband/mlx5_0");
-    assert_eq!(fs::read_to_string(ib.join("node_type")).unwrap(), "1: CA\n");
-    assert_eq!(fs::read_to_string(ib.join("hca_type")).unwrap(), "MT4129\n");
-    assert_eq!(
-        fs::read_to_string(ib.join("ports/1/state")).unwrap(),
-        "4: ACTIVE\n"
-    );
-    assert_eq!(
-        fs::read_to_string(ib.join("ports/1/phys_state")).unwrap(),
-        "5: LinkUp\n"
-    );
-    assert_eq!(
-        fs::read_to_string(ib.join("ports/1/hw_counters/np_cnp_sent")).unwrap(),
-        "0\n"
-    );
-    assert_eq!(
-        fs::read_to_string(ib.join("ports/1/gid_attrs/types/1")).unwrap(),
-        "RoCE v2\n"
-    );
-    assert_eq!(
-        fs::read_to_string(ib.join("ports/1/gid_attrs/ndevs/3")).unwrap(),
-        "enp24s0np0\n"
-    );
-    assert_eq!(
-        fs::read_to_string(ib.join("ports/1/gids/0")).unwrap(),
-        "fe80:0000:0000:0000:a288:c2ff:fe3b:5010\n"
-    );
+    // Attribute files in the kernel's exact formats.
+    let attributes = [
+        (fdir.join("infiniband_verbs/uverbs2/ibdev"), "mlx5_0\n"),
+        (fdir.join("infiniband_verbs/uverbs2/dev"), "231:194\n"),
+        (fdir.join("vendor"), "0x15b3\n"),
+        (fdir.join("class"), "0x020000\n"),
+        (ib.join("node_type"), "1: CA\n"),
+        (ib.join("hca_type"), "MT4129\n"),
+        (ib.join("ports/1/state"), "4: ACTIVE\n"),
+        (ib.join("ports/1/phys_state"), "5: LinkUp\n"),
+        (ib.join("ports/1/hw_counters/np_cnp_sent"), "0\n"),
+        (ib.join("ports/1/gid_attrs/types/1"), "RoCE v2\n"),
+        (ib.join("ports/1/gid_attrs/ndevs/3"), "enp24s0np0\n"),
+        (
+            ib.join("ports/1/gids/0"),
+            "fe80:0000:0000:0000:a288:c2ff:fe3b:5010\n",
+        ),
+    ];
+    for (path, expected) in attributes {
+        assert_eq!(
+            fs::read_to_string(&path).unwrap(),
+            expected,
+            "{}",
+            path.display()
+        );
+    }
     // Unused GID entries read as zeros; their attributes exist but cannot be read.
     assert_eq!(fs::read_dir(ib.join("ports/1/gids")).unwrap().count(), 255);
     assert_eq!(
