@@ -271,16 +271,24 @@ async fn gate_is_kept_when_the_annotation_write_failed() {
     );
 }
 
-#[tokio::test(start_paused = true)]
-async fn gate_already_removed_sends_no_patch() {
-    let (client, mut api) = mock_client();
+/// The executor removing our gate from `team/w0`, against a fresh mock API server.
+fn remove_gate_of_w0() -> (
+    support::ApiServer,
+    tokio::task::JoinHandle<Result<Outcome, ApplyError>>,
+) {
+    let (client, api) = mock_client();
     let exec = Executor::new(client, "op-0");
     let write = Write::RemovePodGate {
         namespace: "team".into(),
         pod: "w0".into(),
         remaining_gates: vec![],
     };
-    let task = tokio::spawn(async move { exec.execute(&write).await });
+    (api, tokio::spawn(async move { exec.execute(&write).await }))
+}
+
+#[tokio::test(start_paused = true)]
+async fn gate_already_removed_sends_no_patch() {
+    let (mut api, task) = remove_gate_of_w0();
     api.expect(Method::GET, "/api/v1/namespaces/team/pods/w0", &[])
         .await
         .ok(&pod_json("w0", &[], true));
@@ -293,14 +301,7 @@ async fn gate_already_removed_sends_no_patch() {
 
 #[tokio::test(start_paused = true)]
 async fn gate_is_not_removed_from_a_pod_without_its_annotation() {
-    let (client, mut api) = mock_client();
-    let exec = Executor::new(client, "op-0");
-    let write = Write::RemovePodGate {
-        namespace: "team".into(),
-        pod: "w0".into(),
-        remaining_gates: vec![],
-    };
-    let task = tokio::spawn(async move { exec.execute(&write).await });
+    let (mut api, task) = remove_gate_of_w0();
     api.expect(Method::GET, "/api/v1/namespaces/team/pods/w0", &[])
         .await
         .ok(&pod_json("w0", &[REGION_SCHEDULING_GATE], false));
@@ -312,14 +313,7 @@ async fn gate_is_not_removed_from_a_pod_without_its_annotation() {
 
 #[tokio::test(start_paused = true)]
 async fn concurrent_gate_change_fails_the_tested_patch() {
-    let (client, mut api) = mock_client();
-    let exec = Executor::new(client, "op-0");
-    let write = Write::RemovePodGate {
-        namespace: "team".into(),
-        pod: "w0".into(),
-        remaining_gates: vec![],
-    };
-    let task = tokio::spawn(async move { exec.execute(&write).await });
+    let (mut api, task) = remove_gate_of_w0();
     api.expect(Method::GET, "/api/v1/namespaces/team/pods/w0", &[])
         .await
         .ok(&pod_json("w0", &[REGION_SCHEDULING_GATE], true));
