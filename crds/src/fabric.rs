@@ -22,8 +22,9 @@ use crate::nic_selector::NicSelector;
     cel,
     validation = Rule::new("size(self.metadata.name) <= 63")
         .message("metadata.name must be at most 63 characters: the fabric name is used as a label value")
-        .reason(Reason::FieldValueInvalid)
-        .field_path(".metadata.name"),
+        // No fieldPath: the API server accepts only paths inside the schema, and metadata is not
+        // (it refused this CRD with "fieldPath: Invalid value: \".metadata.name\"").
+        .reason(Reason::FieldValueInvalid),
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Configured","type":"integer","jsonPath":".status.nodes.configured"}"#,
     printcolumn = r#"{"name":"Selected","type":"integer","jsonPath":".status.nodes.selected"}"#,

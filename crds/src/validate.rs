@@ -54,6 +54,21 @@ fn schema_validator() -> &'static jsonschema::Validator {
     })
 }
 
+/// The field a CEL error is about: its fieldPath, else (rules at the root, where the API server
+/// allows no fieldPath into `metadata`) the path the message starts with, e.g. `metadata.name`.
+fn cel_field(field_path: &str, message: &str) -> String {
+    let path = field_path.trim_start_matches('.');
+    if !path.is_empty() {
+        return path.to_string();
+    }
+    message
+        .split_whitespace()
+        .next()
+        .filter(|w| w.contains('.') && w.chars().all(|c| c.is_ascii_alphanumeric() || c == '.'))
+        .unwrap_or_default()
+        .to_string()
+}
+
 /// Validate a RoceFabric given as JSON (as read from YAML or the API server).
 pub fn fabric_value(object: &Value) -> Result<(), Invalid> {
     let name = object
@@ -73,7 +88,7 @@ pub fn fabric_value(object: &Value) -> Result<(), Invalid> {
         && let Err(cel) = Validator::new().validate(fabric_schema(), object, None)
     {
         errors.extend(cel.into_vec().into_iter().map(|e| FieldError {
-            field: e.field_path.trim_start_matches('.').to_string(),
+            field: cel_field(&e.field_path, &e.message),
             message: e.message,
         }));
     }
