@@ -122,6 +122,23 @@ pub struct ContainerAllocation {
     pub annotations: BTreeMap<String, String>,
 }
 
+impl ContainerAllocation {
+    /// The same allocation with every device node's host path under `host_dev_root` instead of
+    /// `/dev` (the container path stays `/dev/...`): for nodes whose device nodes live elsewhere
+    /// (a containerized driver root, or the test cluster's fixture `/dev`).
+    pub fn with_host_dev_root(mut self, host_dev_root: &std::path::Path) -> Self {
+        if host_dev_root == std::path::Path::new("/dev") {
+            return self;
+        }
+        for device in &mut self.devices {
+            if let Some(relative) = device.host_path.strip_prefix("/dev/") {
+                device.host_path = host_dev_root.join(relative).to_string_lossy().into_owned();
+            }
+        }
+        self
+    }
+}
+
 /// Why an Allocate request cannot be answered.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum AllocateError {

@@ -44,9 +44,12 @@ use crate::model::{Health, Inventory};
 pub struct ServeOptions {
     pub config: Config,
     pub sysfs_root: PathBuf,
-    /// Where the host's `/dev` is visible to this process; device specs handed to the kubelet
-    /// always carry the host's real `/dev/...` paths, this is only used to check they exist.
+    /// Where the host's device nodes are visible to this process; only used to check that granted
+    /// nodes exist (the specs handed to the kubelet name them under `host_dev_root`).
     pub dev_root: PathBuf,
+    /// Where the kubelet and the container runtime find the device nodes (`/dev` on a node; a
+    /// containerized driver root or a fixture elsewhere): the host path of every device spec.
+    pub host_dev_root: PathBuf,
     pub plugin_dir: PathBuf,
     pub kubelet_socket: PathBuf,
     pub node_name: Option<String>,
@@ -122,6 +125,7 @@ impl ServeOptions {
             config,
             sysfs_root,
             dev_root,
+            host_dev_root: PathBuf::from("/dev"),
             plugin_dir,
             kubelet_socket,
             node_name: None,
@@ -253,12 +257,18 @@ impl Publisher {
         });
     }
 
-    fn backend(&self, list: &DeviceList, dev_root: &Path) -> Arc<ResourceBackend> {
+    fn backend(
+        &self,
+        list: &DeviceList,
+        dev_root: &Path,
+        host_dev_root: &Path,
+    ) -> Arc<ResourceBackend> {
         Arc::new(ResourceBackend {
             kind: list.kind,
             name: list.kind.resource_name(&self.config).to_string(),
             config: Arc::clone(&self.config),
             dev_root: dev_root.to_path_buf(),
+            host_dev_root: host_dev_root.to_path_buf(),
             metrics: Arc::clone(&self.metrics),
             state: self.state.subscribe(),
             devices: list.tx.subscribe(),
@@ -272,6 +282,7 @@ pub struct ResourceBackend {
     name: String,
     config: Arc<Config>,
     dev_root: PathBuf,
+    host_dev_root: PathBuf,
     metrics: Arc<ServeMetrics>,
     state: watch::Receiver<Arc<NodeState>>,
     devices: watch::Receiver<Vec<pb::Device>>,
@@ -352,7 +363,7 @@ impl DeviceBackend for ResourceBackend {
             tracing::warn!(resource = %self.name, ?missing, dev_root = %self.dev_root.display(),
                 "granted device nodes are missing on this host; the container may fail to start");
         }
-        Ok(to_proto(alloc))
+        Ok(to_proto(alloc.with_host_dev_root(&self.host_dev_root)))
     }
 }
 
@@ -599,6 +610,7 @@ pub async fn run(
         config,
         sysfs_root,
         dev_root,
+        host_dev_root,
         plugin_dir,
         kubelet_socket,
         node_name,
@@ -645,7 +657,7 @@ pub async fn run(
             .lists
             .iter()
             .map(|list| {
-                let backend = publisher.backend(list, &dev_root);
+                let backend = publisher.backend(list, &dev_root, &host_dev_root);
                 let socket_name = kubelet::socket_file_name(backend.resource_name());
                 Managed {
                     backend,

@@ -144,6 +144,39 @@ fn pairs_are_each_gpu_with_its_rail() {
 }
 
 #[test]
+fn device_specs_name_the_host_dev_root_and_keep_container_paths() {
+    let grant = ids(&["0000:18:00.0"]);
+    let a = allocate(ResourceKind::Hca, dgx(), &Config::default(), None, &grant).unwrap();
+    let moved = a
+        .clone()
+        .with_host_dev_root(std::path::Path::new("/run/fixture/dev"));
+    let pairs: Vec<(&str, &str)> = moved
+        .devices
+        .iter()
+        .map(|d| (d.container_path.as_str(), d.host_path.as_str()))
+        .collect();
+    assert_eq!(
+        pairs,
+        [
+            (
+                "/dev/infiniband/uverbs5",
+                "/run/fixture/dev/infiniband/uverbs5"
+            ),
+            (
+                "/dev/infiniband/rdma_cm",
+                "/run/fixture/dev/infiniband/rdma_cm"
+            ),
+        ]
+    );
+    assert_eq!(moved.envs, a.envs, "only device paths move");
+    assert_eq!(
+        a.clone().with_host_dev_root(std::path::Path::new("/dev")),
+        a,
+        "/dev is the identity"
+    );
+}
+
+#[test]
 fn allocate_two_hcas_exact_response() {
     let grant = ids(&["0000:40:00.0", "0000:18:00.0"]);
     let a = allocate(ResourceKind::Hca, dgx(), &Config::default(), None, &grant).unwrap();

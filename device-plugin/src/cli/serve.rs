@@ -25,6 +25,10 @@ pub struct ServeArgs {
     /// Where the host's /dev is visible (device specs always name the host's /dev paths).
     #[arg(long, value_name = "DIR", default_value = "/dev")]
     pub dev_root: PathBuf,
+    /// Where the kubelet and the container runtime see the device nodes: the host path of every
+    /// device spec handed to the kubelet (container paths stay `/dev/...`).
+    #[arg(long, value_name = "DIR", default_value = "/dev")]
+    pub host_dev_root: PathBuf,
     /// The kubelet's device plugin directory (our sockets are created here).
     #[arg(long, value_name = "DIR", default_value = DEFAULT_PLUGIN_DIR)]
     pub plugin_dir: PathBuf,
@@ -56,6 +60,7 @@ impl ServeArgs {
             options.kubelet_socket = socket.clone();
         }
         options.node_name = self.node_name.clone();
+        options.host_dev_root = self.host_dev_root.clone();
         Ok(options)
     }
 }
