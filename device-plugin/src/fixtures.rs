@@ -475,6 +475,27 @@ impl FixtureNode {
             .find(|n| n.name == name)
     }
 
+    /// Netdev `old` is called `new` (its RDMA ports and GID entries follow), e.g. to match an
+    /// interface a test created on the host.
+    pub fn with_netdev_renamed(mut self, old: &str, new: &str) -> Self {
+        for f in &mut self.functions {
+            for n in f.netdevs.iter_mut().filter(|n| n.name == old) {
+                n.name = new.to_string();
+            }
+            for p in f.rdma.iter_mut().flat_map(|r| r.ports.iter_mut()) {
+                if p.netdev.as_deref() == Some(old) {
+                    p.netdev = Some(new.to_string());
+                }
+                for e in p.gids.iter_mut().flatten() {
+                    if e.ndev.as_deref() == Some(old) {
+                        e.ndev = Some(new.to_string());
+                    }
+                }
+            }
+        }
+        self
+    }
+
     /// Port 1 of `ibdev` and its netdev go down (`1: DOWN`, `3: Disabled`, no carrier).
     pub fn with_port_down(mut self, ibdev: &str) -> Self {
         if let Some(f) = self.rdma_function_mut(ibdev) {

@@ -101,6 +101,25 @@ fn dgx_fixture_discovers_every_roce_hca() {
 }
 
 #[test]
+fn a_renamed_netdev_keeps_its_port_and_roce_v2_gid() {
+    let node = FixtureNode::dgx_h100().with_netdev_renamed("enp24s0np0", "rfe2e-n0");
+    let dir = written(&node);
+    let inv = discover_all(dir.path());
+    let mlx5_0 = inv.hcas.iter().find(|h| h.name == "mlx5_0").unwrap();
+    assert_eq!(mlx5_0.netdev.as_deref(), Some("rfe2e-n0"));
+    assert_eq!(
+        mlx5_0.roce_v2_gid_index,
+        Some(3),
+        "GID ndevs follow the name"
+    );
+    assert!(
+        inv.hcas
+            .iter()
+            .all(|h| h.netdev.as_deref() != Some("enp24s0np0"))
+    );
+}
+
+#[test]
 fn dgx_fixture_discovers_gpus_in_pci_order_and_skips_nvswitches() {
     let dir = written(&FixtureNode::dgx_h100());
     let inv = discover_all(dir.path());
