@@ -159,8 +159,8 @@ fn device_specs_name_the_host_dev_root_and_keep_container_paths() {
         pairs,
         [
             (
-                "/dev/infiniband/uverbs5",
-                "/run/fixture/dev/infiniband/uverbs5"
+                "/dev/infiniband/uverbs2",
+                "/run/fixture/dev/infiniband/uverbs2"
             ),
             (
                 "/dev/infiniband/rdma_cm",

@@ -2,7 +2,8 @@
 //! - `chart`: renders `charts/rocefabric` with the real Helm engine and asserts least privilege;
 //! - `node`: the node daemon binary against the DGX fixture tree, a kubelet emulator over a real
 //!   unix socket, and QoS on a veth pair in a network namespace the test creates;
-//! - `cluster`: install the chart on a real cluster (runs only when `KUBECONFIG` points at one);
+//! - `cluster`: the chart on a real cluster, built from source by `e2e/cluster/up` (runs when
+//!   `KUBECONFIG` points at a cluster; `ROCEFABRIC_REQUIRE_CLUSTER=1` makes a missing one a failure);
 //! - `snapshot`: `rocefabric-operator plan` over the example cluster snapshot of the README demo.
 //!
 //! This library holds what the suites share: locating the workspace and the Helm engine, parsing
@@ -11,6 +12,7 @@
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
+pub mod cluster;
 pub mod helm;
 pub mod manifests;
 pub mod node;

@@ -1,0 +1,372 @@
+//! The node daemon registered with the real kubelet of the local cluster, over the node's DGX H100
+//! fixture: capacity and allocatable as the fixture implies (the QoS gate holding the fabric's NICs,
+//! whose veths have no DCB), a pod granted `rdma/hca: 2` with exactly the right device nodes and
+//! environment, a port going down, a kubelet restart and a daemon pod restart.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, DeleteParams, ListParams};
+use kube::{Client, ResourceExt};
+use rocefabric_api::NicSelector;
+use rocefabric_api::constants::{DEFAULT_GPU_RESOURCE, GPU_HCA_RESOURCE, HCA_RESOURCE};
+use rocefabric_device_plugin::allocation::{self, ResourceKind};
+use rocefabric_device_plugin::config::Config;
+use rocefabric_device_plugin::fixtures;
+use rocefabric_device_plugin::inventory;
+use rocefabric_device_plugin::model::Inventory;
+use rocefabric_e2e::cluster::{FABRIC_NETDEVS, LocalCluster, fixture_node};
+use serde_json::json;
+
+use crate::{
+    NAMESPACE, WORKLOAD_NAMESPACE, create_pod, delete_pod, eventually, local_cluster, logs_with,
+    node_daemon_selector, running,
+};
+
+/// What the fixture implies, computed by the daemon's own discovery over the same tree.
+fn fixture_inventory() -> Inventory {
+    let dir = fixtures::tempdir().expect("temp dir");
+    fixture_node().write_to(dir.path()).expect("fixture");
+    inventory::discover(dir.path(), &NicSelector::default()).expect("discovery")
+}
+
+fn advertised(inv: &Inventory, kind: ResourceKind) -> usize {
+    allocation::advertised(kind, inv, &Config::default()).len()
+}
+
+/// `(capacity, allocatable)` of `resource` on `node`.
+async fn resource_counts(
+    client: &Client,
+    node: &str,
+    resource: &str,
+) -> Result<(i64, i64), String> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let n = nodes.get(node).await.map_err(|e| e.to_string())?;
+    let status = n.status.unwrap_or_default();
+    let read =
+        |m: Option<&BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>| {
+            m.and_then(|m| m.get(resource))
+                .and_then(|q| q.0.parse::<i64>().ok())
+                .unwrap_or(0)
+        };
+    Ok((
+        read(status.capacity.as_ref()),
+        read(status.allocatable.as_ref()),
+    ))
+}
+
+async fn wait_counts(client: &Client, node: &str, resource: &str, want: (i64, i64), what: &str) {
+    eventually(
+        &format!("{what}: {resource} capacity/allocatable {want:?}"),
+        || async {
+            let got = resource_counts(client, node, resource).await?;
+            if got == want {
+                Ok(())
+            } else {
+                Err(format!("{got:?}"))
+            }
+        },
+    )
+    .await;
+}
+
+/// The node's resources as the fixture implies them while the QoS gate holds `gated` HCAs.
+struct Expected {
+    hcas: i64,
+    gpus: i64,
+    rails: i64,
+    gated: i64,
+}
+
+impl Expected {
+    /// Capacity and allocatable of all three resources, as the kubelet reports them.
+    async fn wait(&self, client: &Client, node: &str, what: &str) {
+        let (hcas, rails) = (self.hcas, self.rails);
+        wait_counts(client, node, HCA_RESOURCE, (hcas, hcas - self.gated), what).await;
+        wait_counts(
+            client,
+            node,
+            DEFAULT_GPU_RESOURCE,
+            (self.gpus, self.gpus),
+            what,
+        )
+        .await;
+        wait_counts(
+            client,
+            node,
+            GPU_HCA_RESOURCE,
+            (rails, rails - self.gated),
+            what,
+        )
+        .await;
+    }
+}
+
+/// HCAs behind the fabric's NICs: the QoS gate keeps them unhealthy, since a veth has no DCB and
+/// the agent reports lossless QoS not applied.
+fn gated_hcas(inv: &Inventory) -> BTreeSet<String> {
+    inv.hcas
+        .iter()
+        .filter(|h| {
+            FABRIC_NETDEVS
+                .iter()
+                .any(|(_, host)| h.netdev.as_deref() == Some(host))
+        })
+        .map(|h| h.pci_address.clone())
+        .collect()
+}
+
+/// A pod asking for `count` HCAs; its container prints its environment and device nodes, then
+/// sleeps so its allocation stays held.
+fn hca_pod(name: &str, image: &str, count: u32) -> serde_json::Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": WORKLOAD_NAMESPACE},
+        "spec": {
+            "terminationGracePeriodSeconds": 0,
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+            "containers": [{
+                "name": "probe", "image": image, "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", "env; for d in /dev/infiniband/*; do echo dev=$d; done; echo done; exec sleep 3600"],
+                "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}},
+                "resources": {"limits": {HCA_RESOURCE: count.to_string()}}
+            }]
+        }
+    })
+}
+
+/// What a container holding HCAs saw: its environment and its `/dev/infiniband` entries.
+struct Granted {
+    env: BTreeMap<String, String>,
+    devices: BTreeSet<String>,
+}
+
+impl Granted {
+    fn parse(logs: &str) -> Granted {
+        let mut env = BTreeMap::new();
+        let mut devices = BTreeSet::new();
+        for line in logs.lines() {
+            if let Some(d) = line.strip_prefix("dev=") {
+                devices.insert(d.to_string());
+            } else if let Some((k, v)) = line.split_once('=') {
+                env.insert(k.to_string(), v.to_string());
+            }
+        }
+        Granted { env, devices }
+    }
+
+    fn pci_addresses(&self) -> BTreeSet<String> {
+        self.env
+            .get("PCIDEVICE_RDMA_HCA")
+            .map(|v| v.split(',').map(str::to_string).collect())
+            .unwrap_or_default()
+    }
+
+    /// The environment and device nodes are exactly those of the granted HCAs.
+    fn assert_matches(&self, inv: &Inventory, count: usize, logs: &str) {
+        let granted = self.pci_addresses();
+        assert_eq!(
+            granted.len(),
+            count,
+            "PCIDEVICE_RDMA_HCA lists {count}: {logs}"
+        );
+        let hcas: Vec<_> = inv
+            .hcas
+            .iter()
+            .filter(|h| granted.contains(&h.pci_address))
+            .collect();
+        assert_eq!(
+            hcas.len(),
+            count,
+            "granted ids are fixture HCAs: {granted:?}"
+        );
+        let mut ports: Vec<String> = hcas
+            .iter()
+            .map(|h| format!("{}:{}", h.name, h.port))
+            .collect();
+        ports.sort();
+        let listed = |key: &str| -> Vec<String> {
+            let mut v: Vec<String> = self
+                .env
+                .get(key)
+                .map(|v| {
+                    v.trim_start_matches('=')
+                        .split(',')
+                        .map(str::to_string)
+                        .collect()
+                })
+                .unwrap_or_default();
+            v.sort();
+            v
+        };
+        assert!(
+            self.env
+                .get("NCCL_IB_HCA")
+                .is_some_and(|v| v.starts_with('=')),
+            "exact-match form: {logs}"
+        );
+        assert_eq!(listed("NCCL_IB_HCA"), ports, "NCCL_IB_HCA: {logs}");
+        assert_eq!(listed("UCX_NET_DEVICES"), ports, "UCX_NET_DEVICES: {logs}");
+        let gid = hcas[0]
+            .roce_v2_gid_index
+            .expect("fixture HCAs have a RoCE v2 GID");
+        assert_eq!(
+            self.env.get("NCCL_IB_GID_INDEX"),
+            Some(&gid.to_string()),
+            "{logs}"
+        );
+        let mut want: BTreeSet<String> = hcas
+            .iter()
+            .map(|h| format!("/dev/infiniband/{}", h.uverbs.as_deref().expect("uverbs")))
+            .collect();
+        want.insert("/dev/infiniband/rdma_cm".into());
+        assert_eq!(
+            self.devices, want,
+            "exactly the granted uverbs and rdma_cm: {logs}"
+        );
+    }
+}
+
+async fn daemon_pod_uid(client: &Client) -> Option<String> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let list = pods
+        .list(&ListParams::default().labels(&node_daemon_selector()))
+        .await
+        .ok()?;
+    list.items
+        .iter()
+        .find(|p| {
+            p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                && p.metadata.deletion_timestamp.is_none()
+        })
+        .and_then(|p| p.uid())
+}
+
+#[test]
+fn device_plugin_on_the_real_kubelet() {
+    const TEST: &str = "device_plugin_on_the_real_kubelet";
+    let Some((ctx, local)) = local_cluster(TEST) else {
+        return;
+    };
+    let inv = fixture_inventory();
+    let LocalCluster {
+        node_name: node, ..
+    } = local.clone();
+    ctx.rt.block_on(async {
+        let client = &ctx.client;
+        // Capacity: every advertised device of the fixture. Allocatable: minus the gated HCAs (and
+        // the rails over them), while the agent reports QoS not applied on the veths.
+        let hcas = advertised(&inv, ResourceKind::Hca) as i64;
+        let gpus = advertised(&inv, ResourceKind::Gpu) as i64;
+        let rails = advertised(&inv, ResourceKind::GpuHca) as i64;
+        assert!(
+            hcas >= 4 && gpus == 8 && rails == 8,
+            "fixture: {hcas} HCAs, {gpus} GPUs, {rails} rails"
+        );
+        let gated = gated_hcas(&inv).len() as i64;
+        assert_eq!(gated, FABRIC_NETDEVS.len() as i64);
+        let expected = Expected {
+            hcas,
+            gpus,
+            rails,
+            gated,
+        };
+        expected.wait(client, &node, "registered").await;
+
+        // A pod asking for two HCAs runs with exactly their device nodes and environment.
+        let pods: Api<Pod> = Api::namespaced(client.clone(), WORKLOAD_NAMESPACE);
+        create_pod(&pods, hca_pod("hca-a", &local.busybox_image, 2)).await;
+        running(&pods, "hca-a").await;
+        let logs = logs_with(&pods, "hca-a", "done").await;
+        let a = Granted::parse(&logs);
+        a.assert_matches(&inv, 2, &logs);
+        for gated in gated_hcas(&inv) {
+            assert!(
+                !a.pci_addresses().contains(&gated),
+                "a gated HCA was granted: {gated}"
+            );
+        }
+
+        // A fixture port going down lowers allocatable; back up restores it.
+        let down = inv
+            .hcas
+            .iter()
+            .find(|h| {
+                !gated_hcas(&inv).contains(&h.pci_address)
+                    && !a.pci_addresses().contains(&h.pci_address)
+            })
+            .expect("a free, ungated HCA");
+        fixtures::set_port_state(&local.sysfs(), &down.name, down.port, false).expect("port down");
+        wait_counts(
+            client,
+            &node,
+            HCA_RESOURCE,
+            (hcas, hcas - gated - 1),
+            "port down",
+        )
+        .await;
+        fixtures::set_port_state(&local.sysfs(), &down.name, down.port, true).expect("port up");
+        wait_counts(
+            client,
+            &node,
+            HCA_RESOURCE,
+            (hcas, hcas - gated),
+            "port up again",
+        )
+        .await;
+
+        // The kubelet restarts (deleting every plugin socket): the daemon re-registers and the
+        // capacity returns; the running pod keeps its devices.
+        local.restart("kubelet").expect("kubelet restart");
+        expected
+            .wait(client, &node, "after a kubelet restart")
+            .await;
+        running(&pods, "hca-a").await;
+
+        // The daemon pod is deleted and recreated by its DaemonSet: nothing allocated is lost.
+        // The kubelet's checkpoint still holds hca-a's HCAs, so a new pod gets two others.
+        let old = daemon_pod_uid(client).await.expect("a running daemon pod");
+        let daemon_pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+        for p in daemon_pods
+            .list(&ListParams::default().labels(&node_daemon_selector()))
+            .await
+            .expect("list")
+        {
+            daemon_pods
+                .delete(&p.name_any(), &DeleteParams::default())
+                .await
+                .expect("delete daemon pod");
+        }
+        eventually("a new daemon pod running", || async {
+            match daemon_pod_uid(client).await {
+                Some(uid) if uid != old => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await;
+        expected.wait(client, &node, "after a daemon restart").await;
+        let still = running(&pods, "hca-a").await;
+        assert_eq!(
+            still
+                .status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref())
+                .map(|c| c[0].restart_count),
+            Some(0),
+            "hca-a never restarted"
+        );
+        create_pod(&pods, hca_pod("hca-b", &local.busybox_image, 2)).await;
+        running(&pods, "hca-b").await;
+        let logs_b = logs_with(&pods, "hca-b", "done").await;
+        let b = Granted::parse(&logs_b);
+        b.assert_matches(&inv, 2, &logs_b);
+        assert!(
+            a.pci_addresses().is_disjoint(&b.pci_addresses()),
+            "no HCA granted twice: a {:?}, b {:?}",
+            a.pci_addresses(),
+            b.pci_addresses()
+        );
+        delete_pod(&pods, "hca-a").await;
+        delete_pod(&pods, "hca-b").await;
+    });
+}

@@ -1,0 +1,146 @@
+//! A gated fabric pod gets its window: annotation written, gate removed, scheduled, the window
+//! visible inside the container through the downward API, listed in `<fabric>-regions`, and freed
+//! when the pod is deleted.
+
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::ResourceExt;
+use kube::api::Api;
+use rocefabric_api::constants::{
+    FABRIC_LABEL, REGION_ANNOTATION, REGION_DIRECTORY_SUFFIX, REGION_SCHEDULING_GATE,
+};
+use rocefabric_operator::planner::directory::{self, DIRECTORY_KEY, DirectoryEntry as Entry};
+use rocefabric_operator::regions::RegionAssignment;
+use serde_json::json;
+
+use crate::{
+    FABRIC, REGION_SIZE, WORKLOAD_NAMESPACE, cluster, create_pod, eventually, logs_with, running,
+};
+
+/// The image of short-lived test pods: the local cluster's busybox, else `ROCEFABRIC_E2E_POD_IMAGE`.
+pub fn pod_image(local: Option<&rocefabric_e2e::cluster::LocalCluster>) -> String {
+    match local {
+        Some(local) => local.busybox_image.clone(),
+        None => std::env::var("ROCEFABRIC_E2E_POD_IMAGE").unwrap_or_else(|_| "busybox:1.36".into()),
+    }
+}
+
+/// A gated fabric pod whose container prints its window file, then sleeps.
+pub fn gated_pod(name: &str, image: &str) -> serde_json::Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": WORKLOAD_NAMESPACE, "labels": {FABRIC_LABEL: FABRIC}},
+        "spec": {
+            "schedulingGates": [{"name": REGION_SCHEDULING_GATE}],
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{
+                "name": "app", "image": image, "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", "echo window=$(cat /etc/rocefabric/region); exec sleep 3600"],
+                "volumeMounts": [{"name": "region", "mountPath": "/etc/rocefabric"}]
+            }],
+            "volumes": [{"name": "region", "downwardAPI": {"items": [{
+                "path": "region",
+                "fieldRef": {"fieldPath": format!("metadata.annotations['{REGION_ANNOTATION}']")}
+            }]}}]
+        }
+    })
+}
+
+/// The pod's window once the annotation is written and the gate removed.
+pub async fn assigned_window(pods: &Api<Pod>, name: &str) -> (String, RegionAssignment) {
+    eventually(
+        &format!("{name}: region annotation written and gate removed"),
+        || async {
+            let p = pods.get(name).await.map_err(|e| e.to_string())?;
+            let annotation = p.annotations().get(REGION_ANNOTATION).cloned();
+            let gated = p
+                .spec
+                .as_ref()
+                .and_then(|s| s.scheduling_gates.as_ref())
+                .is_some_and(|g| !g.is_empty());
+            match annotation {
+                Some(text) if !gated => {
+                    let region = RegionAssignment::parse(&text).map_err(|e| e.to_string())?;
+                    Ok((text, region))
+                }
+                other => Err(format!("annotation {other:?}, gated {gated}")),
+            }
+        },
+    )
+    .await
+}
+
+/// The entries of the namespace's directory (empty when the ConfigMap is absent).
+pub async fn directory_entries(configmaps: &Api<ConfigMap>) -> Result<Vec<Entry>, String> {
+    let name = format!("{FABRIC}{REGION_DIRECTORY_SUFFIX}");
+    let Some(cm) = configmaps.get_opt(&name).await.map_err(|e| e.to_string())? else {
+        return Ok(Vec::new());
+    };
+    let text = cm
+        .data
+        .as_ref()
+        .and_then(|d| d.get(DIRECTORY_KEY))
+        .cloned()
+        .unwrap_or_default();
+    directory::parse(&text).ok_or(format!("not a directory: {text}"))
+}
+
+#[test]
+fn gated_pod_gets_its_window_in_the_container_and_the_directory() {
+    const TEST: &str = "gated_pod_gets_its_window_in_the_container_and_the_directory";
+    let Some(ctx) = cluster(TEST) else {
+        return;
+    };
+    let image = pod_image(ctx.setup.local.as_ref());
+    ctx.rt.block_on(async {
+        let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), WORKLOAD_NAMESPACE);
+        let name = "region-probe";
+        create_pod(&pods, gated_pod(name, &image)).await;
+
+        // The operator writes the annotation, then removes the gate; the pod is scheduled.
+        let (text, region) = assigned_window(&pods, name).await;
+        assert_eq!(region.fabric, FABRIC);
+        assert_eq!(region.size, REGION_SIZE, "one region of regionSize");
+        assert_eq!(region.base % REGION_SIZE, 0, "windows are region-aligned");
+        let pod = running(&pods, name).await;
+        assert!(
+            pod.spec
+                .as_ref()
+                .and_then(|s| s.node_name.as_ref())
+                .is_some()
+        );
+
+        // Inside the container, the downward-API file holds exactly the annotation.
+        let logs = logs_with(&pods, name, "window=").await;
+        assert!(
+            logs.lines().any(|l| l == format!("window={text}")),
+            "the container sees its window: {logs:?} vs {text:?}"
+        );
+
+        // The namespace's directory lists it.
+        let configmaps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), WORKLOAD_NAMESPACE);
+        let entry = eventually("directory entry", || async {
+            directory_entries(&configmaps)
+                .await?
+                .into_iter()
+                .find(|e| e.pod == name)
+                .ok_or(format!("{name} not listed"))
+        })
+        .await;
+        assert_eq!(
+            (entry.id, entry.base, entry.size),
+            (region.id, region.base, region.size)
+        );
+
+        // Deleting the pod frees it: the directory drops it.
+        crate::delete_pod(&pods, name).await;
+        eventually("directory entry removed", || async {
+            let entries = directory_entries(&configmaps).await?;
+            if entries.iter().all(|e| e.pod != name) {
+                Ok(())
+            } else {
+                Err(format!("{entries:?}"))
+            }
+        })
+        .await;
+    });
+}
