@@ -123,18 +123,29 @@ fn helm_uninstall_keeps_crds_and_fabrics_and_nothing_else() {
         let client = &ctx.client;
         let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
         for name in CRDS {
-            crds.get(name).await.unwrap_or_else(|e| panic!("CRD {name} kept: {e}"));
+            crds.get(name)
+                .await
+                .unwrap_or_else(|e| panic!("CRD {name} kept: {e}"));
         }
         let fabrics: Api<RoceFabric> = Api::all(client.clone());
         fabrics.get(FABRIC).await.expect("the fabric is kept");
         // Nothing else of the release, in any namespace or at cluster scope.
         let selector = format!("app.kubernetes.io/instance={RELEASE}");
         eventually("no object of the release left", || async {
-            let kinds = "deployments,daemonsets,pods,services,serviceaccounts,configmaps,roles,rolebindings,clusterroles,clusterrolebindings,servicemonitors.monitoring.coreos.com,networkpolicies,validatingadmissionpolicies,validatingadmissionpolicybindings";
-            let kinds = kinds.replace(",servicemonitors.monitoring.coreos.com", "");
-            let out = kubectl(local.as_ref(), &["get", &kinds, "-A", "-l", &selector, "-o", "name"])?;
+            // Every kind the chart renders (ServiceMonitors need their CRD, absent here).
+            let kinds = "deployments,daemonsets,pods,services,serviceaccounts,configmaps,roles,\
+                rolebindings,clusterroles,clusterrolebindings,networkpolicies,\
+                validatingadmissionpolicies,validatingadmissionpolicybindings";
+            let out = kubectl(
+                local.as_ref(),
+                &["get", kinds, "-A", "-l", &selector, "-o", "name"],
+            )?;
             let left: Vec<&str> = out.lines().filter(|l| !l.is_empty()).collect();
-            if left.is_empty() { Ok(()) } else { Err(left.join(", ")) }
+            if left.is_empty() {
+                Ok(())
+            } else {
+                Err(left.join(", "))
+            }
         })
         .await;
     });

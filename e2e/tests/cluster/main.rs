@@ -190,9 +190,8 @@ fn merge(into: &mut Value, from: &Value) {
                 merge(a.entry(k.clone()).or_insert(Value::Null), v);
             }
         }
-        (slot, Value::Null) => {
-            let _ = slot;
-        }
+        // Null in `from` leaves the value as it is.
+        (_, Value::Null) => {}
         (slot, v) => *slot = v.clone(),
     }
 }

@@ -64,7 +64,7 @@ fn fabric_creates_rocenodes_and_reports_status() {
                 },
             )
             .await;
-            if let Some(local) = &ctx.setup.local {
+            if ctx.setup.local.is_some() {
                 // On the local node the fabric's NICs are veths: MTU applied (and read back by
                 // the kernel), DCB refused, so lossless QoS is not applied.
                 for (_, netdev) in rocefabric_e2e::cluster::FABRIC_NETDEVS {
@@ -73,7 +73,11 @@ fn fabric_creates_rocenodes_and_reports_status() {
                         .iter()
                         .find(|i| i.netdev == netdev)
                         .unwrap_or_else(|| panic!("{netdev} in the RoceNode status: {status:?}"));
-                    let _ = iface;
+                    assert_eq!(
+                        iface.mtu,
+                        Some(4200),
+                        "{netdev}: the agent reports the MTU it read back"
+                    );
                     assert_eq!(
                         rocefabric_e2e::cluster::host_mtu(netdev),
                         Ok(4200),
@@ -86,7 +90,6 @@ fn fabric_creates_rocenodes_and_reports_status() {
                     .find(|c| c.type_ == condition::QOS_APPLIED)
                     .expect("QosApplied");
                 assert_eq!(qos.status, "False", "a veth cannot do PFC: {qos:?}");
-                let _ = local;
             }
         }
         let expected = ctx.setup.nodes.len() as u32;
