@@ -363,15 +363,18 @@ fn default_render_has_every_part_and_nothing_optional() {
         ("RoleBinding", 1),
         ("Service", 2),
         ("ConfigMap", 1),
+        ("ValidatingAdmissionPolicy", 3),
+        ("ValidatingAdmissionPolicyBinding", 3),
     ]
     .into_iter()
     .map(|(k, n)| (k.to_string(), n))
     .collect();
     assert_eq!(kinds, expected, "objects rendered with default values");
     for o in &objects {
-        if o["kind"] != "CustomResourceDefinition"
-            && !o["kind"].as_str().is_some_and(|k| k.starts_with("Cluster"))
-        {
+        let cluster_scoped = o["kind"].as_str().is_some_and(|k| {
+            k.starts_with("Cluster") || k.starts_with("ValidatingAdmissionPolicy")
+        });
+        if o["kind"] != "CustomResourceDefinition" && !cluster_scoped {
             assert_eq!(
                 o["metadata"]["namespace"],
                 NAMESPACE,
@@ -1045,4 +1048,66 @@ fn notes_tell_the_user_what_to_apply_next() {
     for file in ["examples/rocefabric-dgx.yaml", "examples/pod-rdma.yaml"] {
         assert!(workspace_root().join(file).exists(), "{file}");
     }
+}
+
+/// The admission policies bind to the chart's own ServiceAccounts, deny (never only warn), fail
+/// closed, and cover exactly the writes RBAC cannot narrow; `admissionPolicies.enabled: false`
+/// renders none.
+#[test]
+fn admission_policies_confine_the_service_accounts() {
+    let Some(engine) = engine("admission_policies_confine_the_service_accounts") else {
+        return;
+    };
+    let objects = render(&engine, Value::Null);
+    let policies = of_kind(&objects, "ValidatingAdmissionPolicy");
+    let user =
+        |sa: &str| format!("\"system:serviceaccount:{NAMESPACE}:{RELEASE}-rocefabric-{sa}\"");
+    let mut covered = Vec::new();
+    for p in &policies {
+        let name = p["metadata"]["name"].as_str().unwrap_or_default();
+        assert_eq!(p["spec"]["failurePolicy"], "Fail", "{name} fails closed");
+        let condition = p["spec"]["matchConditions"][0]["expression"]
+            .as_str()
+            .unwrap();
+        let sa = if name.ends_with("-own-rocenode") {
+            "node"
+        } else {
+            "operator"
+        };
+        assert!(
+            condition.contains(&user(sa)),
+            "{name} matches the {sa} ServiceAccount: {condition}"
+        );
+        for rule in p["spec"]["matchConstraints"]["resourceRules"]
+            .as_array()
+            .unwrap()
+        {
+            for r in rule["resources"].as_array().unwrap() {
+                covered.push((sa, r.as_str().unwrap().to_string()));
+            }
+        }
+        let bindings = of_kind(&objects, "ValidatingAdmissionPolicyBinding");
+        let binding = bindings
+            .iter()
+            .find(|b| b["spec"]["policyName"] == name)
+            .unwrap_or_else(|| panic!("{name} is bound"));
+        assert_eq!(
+            binding["spec"]["validationActions"],
+            json!(["Deny"]),
+            "{name}"
+        );
+    }
+    covered.sort();
+    let want: Vec<(&str, String)> = [
+        ("node", "rocenodes"),
+        ("node", "rocenodes/status"),
+        ("operator", "configmaps"),
+        ("operator", "pods"),
+    ]
+    .into_iter()
+    .map(|(a, r)| (a, r.to_string()))
+    .collect();
+    assert_eq!(covered, want);
+    let off = render(&engine, json!({"admissionPolicies": {"enabled": false}}));
+    assert!(of_kind(&off, "ValidatingAdmissionPolicy").is_empty());
 }

@@ -1,14 +1,20 @@
-//! Least privilege, proven by the real authorizer: for each ServiceAccount of the chart, requests
+//! Least privilege, proven by the real API server: for each ServiceAccount of the chart, requests
 //! that must be allowed and requests that must be denied, asked with SubjectAccessReview (RBAC and
-//! the Node authorizer answer exactly as they would for the pod's token).
+//! the Node authorizer answer exactly as they would for the pod's token); and what RBAC cannot
+//! narrow, denied by the chart's ValidatingAdmissionPolicies for the impersonated ServiceAccounts.
 
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
+use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::api::{Api, PostParams};
+use rocefabric_api::RoceNode;
+use serde_json::json;
 
-use crate::{NAMESPACE, RELEASE, WORKLOAD_NAMESPACE, cluster};
+use crate::{
+    NAMESPACE, RELEASE, WORKLOAD_NAMESPACE, cluster, create_pod, delete_pod, local_cluster,
+};
 
 /// One request: verb, API group, resource (with `/subresource`), namespace ("" = cluster scope),
 /// name ("" = any).
@@ -171,4 +177,177 @@ fn node_service_account_has_least_privilege() {
         ("patch", "", "pods", WORKLOAD_NAMESPACE, "p"),
     ];
     ctx.rt.block_on(check_table(&ctx.client, &sa, allow, deny));
+}
+
+/// A request made as `service_account` of the release would make it with its pod's token: the
+/// admin impersonating it, with `node` as the node the token is bound to when given. Dry run, so
+/// nothing changes; `Err` carries the API server's refusal.
+async fn request_as(
+    client: &Client,
+    service_account: &str,
+    node: Option<&str>,
+    method: &str,
+    path: &str,
+    content_type: &str,
+    body: &str,
+) -> Result<String, String> {
+    let mut request = http::Request::builder()
+        .method(method)
+        .uri(format!("{path}?dryRun=All"))
+        .header("Content-Type", content_type)
+        .header(
+            "Impersonate-User",
+            format!("system:serviceaccount:{NAMESPACE}:{service_account}"),
+        );
+    for group in [
+        "system:serviceaccounts".to_string(),
+        format!("system:serviceaccounts:{NAMESPACE}"),
+        "system:authenticated".to_string(),
+    ] {
+        request = request.header("Impersonate-Group", group);
+    }
+    if let Some(node) = node {
+        request = request.header(
+            "Impersonate-Extra-authentication.kubernetes.io%2fnode-name",
+            node,
+        );
+    }
+    let request = request
+        .body(body.as_bytes().to_vec())
+        .map_err(|e| e.to_string())?;
+    client
+        .request_text(request)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+fn denied_with(result: Result<String, String>, message: &str, what: &str) {
+    match result {
+        Ok(out) => panic!("{what} was allowed: {out}"),
+        Err(err) => assert!(
+            err.contains(message),
+            "{what}: denied with {message:?}: {err}"
+        ),
+    }
+}
+
+/// What RBAC cannot narrow, the chart's admission policies do: the operator, which may patch any
+/// pod, can move only the region annotation and the region gate, and write only `*-regions`
+/// ConfigMaps.
+#[test]
+fn operator_writes_are_confined_by_admission_policy() {
+    const TEST: &str = "operator_writes_are_confined_by_admission_policy";
+    let Some((ctx, local)) = local_cluster(TEST) else {
+        return;
+    };
+    let operator = format!("{RELEASE}-operator");
+    ctx.rt.block_on(async {
+        let client = &ctx.client;
+        let pods: Api<Pod> = Api::namespaced(client.clone(), WORKLOAD_NAMESPACE);
+        create_pod(
+            &pods,
+            json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "vap-target", "namespace": WORKLOAD_NAMESPACE, "labels": {"app": "vap"}},
+                "spec": {"terminationGracePeriodSeconds": 0, "containers": [{
+                    "name": "c", "image": local.busybox_image, "command": ["sleep", "3600"]
+                }]}
+            }),
+        )
+        .await;
+        let pod = format!("/api/v1/namespaces/{WORKLOAD_NAMESPACE}/pods/vap-target");
+        let patch = |body: &'static str| {
+            request_as(client, &operator, None, "PATCH", &pod, "application/strategic-merge-patch+json", body)
+        };
+        patch(r#"{"metadata":{"annotations":{"rocefabric.io/region":"{\"fabric\":\"e2e\"}"}}}"#)
+            .await
+            .expect("the region annotation is the operator's to write");
+        denied_with(
+            patch(r#"{"spec":{"containers":[{"name":"c","image":"evil:latest"}]}}"#).await,
+            "may not change a pod's containers",
+            "operator changes a container image",
+        );
+        denied_with(
+            patch(r#"{"metadata":{"labels":{"app":"other"}}}"#).await,
+            "may not change a pod's containers, scheduling, labels",
+            "operator relabels a pod",
+        );
+        denied_with(
+            patch(r#"{"metadata":{"annotations":{"other.io/x":"y"}}}"#).await,
+            "only the rocefabric.io/region annotation",
+            "operator writes another annotation",
+        );
+        let configmaps = format!("/api/v1/namespaces/{WORKLOAD_NAMESPACE}/configmaps");
+        let create_cm = |name: &str| {
+            let body = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}});
+            let configmaps = configmaps.clone();
+            let operator = operator.clone();
+            async move {
+                request_as(client, &operator, None, "POST", &configmaps, "application/json", &body.to_string()).await
+            }
+        };
+        create_cm("e2e-regions").await.expect("a region directory is the operator's to write");
+        denied_with(
+            create_cm("kube-root-ca-copy").await,
+            "may write only <fabric>-regions ConfigMaps",
+            "operator writes another ConfigMap",
+        );
+        delete_pod(&pods, "vap-target").await;
+    });
+}
+
+/// Every node's agent holds RBAC `patch` on all RoceNode statuses; the admission policy ties its
+/// writes to the node its token is bound to.
+#[test]
+fn node_agent_writes_only_its_own_rocenode() {
+    const TEST: &str = "node_agent_writes_only_its_own_rocenode";
+    let Some((ctx, local)) = local_cluster(TEST) else {
+        return;
+    };
+    let node = local.node_name.clone();
+    let other = "rfe2e-other";
+    let sa = format!("{RELEASE}-node");
+    ctx.rt.block_on(async {
+        let client = &ctx.client;
+        let roce_nodes: Api<RoceNode> = Api::all(client.clone());
+        let mine = crate::roce_node(client, &node).await;
+        let _ = roce_nodes.delete(other, &Default::default()).await;
+        let copy = RoceNode::new(other, mine.spec.clone());
+        roce_nodes
+            .create(&PostParams::default(), &copy)
+            .await
+            .expect("create another node's RoceNode");
+        let body = r#"{"status":{"lastSyncTime":"2026-01-01T00:00:00Z"}}"#;
+        let patch_status = |bound: Option<&'static str>, name: &str| {
+            let path = format!("/apis/rocefabric.io/v1alpha1/rocenodes/{name}/status");
+            let sa = sa.clone();
+            let bound = bound.map(|_| node.clone());
+            async move {
+                request_as(
+                    client,
+                    &sa,
+                    bound.as_deref(),
+                    "PATCH",
+                    &path,
+                    "application/merge-patch+json",
+                    body,
+                )
+                .await
+            }
+        };
+        patch_status(Some("own"), &node)
+            .await
+            .expect("the agent writes its own node's status");
+        denied_with(
+            patch_status(Some("own"), other).await,
+            "may write only the RoceNode of its own node",
+            "an agent writes another node's RoceNode status",
+        );
+        denied_with(
+            patch_status(None, &node).await,
+            "may write only the RoceNode of its own node",
+            "a token bound to no node writes a RoceNode status",
+        );
+        let _ = roce_nodes.delete(other, &Default::default()).await;
+    });
 }
