@@ -57,6 +57,11 @@ pub struct ServeOptions {
     /// Interval of the fallback check of our sockets and `kubelet.sock` (inotify is the primary
     /// signal; this only catches lost events).
     pub liveness_interval: Duration,
+    /// Exit (so the kubelet restarts the container) when a resource has not been registered for
+    /// this long. A plugin directory deleted and re-created on the host is a new inode that a
+    /// running container's bind mount never shows: the kubelet's socket never appears in the old
+    /// directory, and only a restart with a fresh mount recovers. `None`: retry forever.
+    pub exit_after_unregistered: Option<Duration>,
     /// Where the daemon counts what it does; register it with a [`Registry`] to export it.
     pub metrics: Arc<ServeMetrics>,
 }
@@ -131,10 +136,14 @@ impl ServeOptions {
             node_name: None,
             registration_backoff: Backoff::default(),
             liveness_interval: Duration::from_secs(10),
+            exit_after_unregistered: Some(DEFAULT_EXIT_AFTER_UNREGISTERED),
             metrics: Arc::default(),
         }
     }
 }
+
+/// How long a resource may stay unregistered before `serve` exits, by default.
+pub const DEFAULT_EXIT_AFTER_UNREGISTERED: Duration = Duration::from_secs(5 * 60);
 
 /// Why `serve` could not start.
 #[derive(Debug, thiserror::Error)]
@@ -148,6 +157,16 @@ pub enum ServeError {
     },
     #[error(transparent)]
     Watch(#[from] WatchError),
+    #[error(
+        "{resource} not registered with the kubelet for {waited:?}: {kubelet_socket} never \
+         accepted it. If the kubelet runs, the plugin directory was probably replaced on the host \
+         (this container's mount still shows the old one); exiting so the container restarts"
+    )]
+    Unregistered {
+        resource: String,
+        kubelet_socket: PathBuf,
+        waited: Duration,
+    },
 }
 
 /// What every resource's backend reads: the latest inventory with the gate applied and the
@@ -457,6 +476,8 @@ struct Managed {
     /// Inode of the socket our server bound, to tell our socket from a replacement.
     socket_ino: Option<u64>,
     registration: Option<JoinHandle<u32>>,
+    /// Since when the current registration has been trying (cleared once it succeeded).
+    registering_since: Option<Instant>,
     failures: u32,
     retry_at: Option<Instant>,
 }
@@ -517,7 +538,12 @@ impl Supervisor {
         if m.server.is_none() {
             return;
         }
-        if let Some(task) = m.registration.take() {
+        let unfinished = m.registration.take().filter(|task| !task.is_finished());
+        if unfinished.is_none() {
+            // A registration still trying keeps its start: churn must not postpone the exit.
+            m.registering_since = Some(Instant::now());
+        }
+        if let Some(task) = unfinished {
             task.abort();
         }
         let request = registration::register_request(m.name(), &m.socket_name);
@@ -551,6 +577,22 @@ impl Supervisor {
                 self.register(i);
             }
         }
+    }
+
+    /// A resource whose registration has been trying for longer than `limit`, and for how long.
+    fn unregistered_longer_than(&mut self, limit: Duration) -> Option<(String, Duration)> {
+        let now = Instant::now();
+        for m in &mut self.resources {
+            if m.registration.as_ref().is_some_and(JoinHandle::is_finished) {
+                m.registering_since = None;
+            }
+            if let Some(since) = m.registering_since
+                && now.duration_since(since) >= limit
+            {
+                return Some((m.name().to_string(), now.duration_since(since)));
+            }
+        }
+        None
     }
 
     fn next_retry(&self) -> Option<Instant> {
@@ -666,6 +708,7 @@ pub async fn run(
                     server: None,
                     socket_ino: None,
                     registration: None,
+                    registering_since: None,
                     failures: 0,
                     retry_at: None,
                 }
@@ -682,6 +725,7 @@ pub async fn run(
     }
 
     let mut kubelet_ino = inode(&kubelet_socket);
+    let mut exit = None;
     let mut liveness = tokio::time::interval(options.liveness_interval);
     liveness.reset();
     tokio::pin!(shutdown);
@@ -731,6 +775,17 @@ pub async fn run(
                     tracing::warn!(kubelet_restarted, ?broken, "liveness check found a change inotify did not report");
                     supervisor.handle(kubelet_restarted, &broken).await;
                 }
+                if let Some((resource, waited)) = options
+                    .exit_after_unregistered
+                    .and_then(|limit| supervisor.unregistered_longer_than(limit))
+                {
+                    exit = Some(ServeError::Unregistered {
+                        resource,
+                        kubelet_socket: kubelet_socket.clone(),
+                        waited,
+                    });
+                    break;
+                }
             }
             () = &mut shutdown => break,
         }
@@ -741,7 +796,13 @@ pub async fn run(
     if let Err(error) = poller.await {
         tracing::warn!(%error, "poll task failed");
     }
-    Ok(())
+    match exit {
+        Some(error) => {
+            tracing::error!(%error, "exiting");
+            Err(error)
+        }
+        None => Ok(()),
+    }
 }
 
 #[cfg(test)]

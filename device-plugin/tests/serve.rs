@@ -652,3 +652,45 @@ async fn metrics_count_devices_registrations_allocations_and_restarts() {
     );
     daemon.stop().await.expect("clean stop");
 }
+
+/// A kubelet socket that never appears (the plugin directory was re-created on the host and this
+/// process still sees the old one through its mount): after the limit, `serve` exits with the
+/// reason, so the kubelet restarts the container with a fresh mount.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exits_when_never_registered_for_too_long() {
+    let node = Node::dgx();
+    let mut options = node.options(fast_config());
+    options.liveness_interval = Duration::from_millis(50);
+    options.exit_after_unregistered = Some(Duration::from_millis(300));
+    let started = Instant::now();
+    let err = Daemon::start(options)
+        .stop_when_done()
+        .await
+        .expect_err("exits");
+    let text = err.to_string();
+    assert!(text.contains("not registered with the kubelet"), "{text}");
+    assert!(text.contains("kubelet.sock"), "{text}");
+    assert!(
+        started.elapsed() >= Duration::from_millis(300),
+        "not before the limit"
+    );
+}
+
+/// With a kubelet that accepts the registrations, the same limit never fires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registered_daemon_does_not_exit() {
+    let node = Node::dgx();
+    let mut options = node.options(fast_config());
+    options.liveness_interval = Duration::from_millis(50);
+    options.exit_after_unregistered = Some(Duration::from_millis(300));
+    let kubelet = KubeletEmulator::start(&node.plugin_dir)
+        .await
+        .expect("emulator");
+    let daemon = Daemon::start(options);
+    kubelet
+        .wait_for_resources(&ALL, WAIT)
+        .await
+        .expect("registered");
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    daemon.stop().await.expect("still running, stops cleanly");
+}

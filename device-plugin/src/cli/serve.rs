@@ -3,6 +3,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 use tokio::sync::watch;
@@ -38,6 +39,11 @@ pub struct ServeArgs {
     /// This node's name (for logs and the node's RoceNode).
     #[arg(long, value_name = "NAME", env = "NODE_NAME")]
     pub node_name: Option<String>,
+    /// Exit when a resource stays unregistered this long (`5m`, `90s`; `0s` never exits), so the
+    /// kubelet restarts the container: a plugin directory re-created on the host is only seen
+    /// through a fresh mount.
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = crate::config::duration_text::parse)]
+    pub exit_after_unregistered: Duration,
     /// Serve `/metrics` (OpenMetrics) and `/healthz` on this address; off when not given.
     #[arg(long, value_name = "ADDR", visible_alias = "metrics-bind-address")]
     pub metrics_addr: Option<SocketAddr>,
@@ -61,6 +67,8 @@ impl ServeArgs {
         }
         options.node_name = self.node_name.clone();
         options.host_dev_root = self.host_dev_root.clone();
+        options.exit_after_unregistered =
+            (!self.exit_after_unregistered.is_zero()).then_some(self.exit_after_unregistered);
         Ok(options)
     }
 }

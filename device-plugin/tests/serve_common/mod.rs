@@ -98,6 +98,15 @@ impl Daemon {
         }
     }
 
+    /// Wait for `run` to return by itself (no shutdown asked).
+    pub async fn stop_when_done(mut self) -> Result<(), ServeError> {
+        let _keep_running = self.stop.take();
+        tokio::time::timeout(WAIT, &mut self.task)
+            .await
+            .expect("daemon returns by itself")
+            .expect("daemon task")
+    }
+
     /// Ask for shutdown and wait for `run` to return.
     pub async fn stop(mut self) -> Result<(), ServeError> {
         if let Some(stop) = self.stop.take() {
