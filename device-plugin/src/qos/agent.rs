@@ -15,6 +15,7 @@
 //! `mlnx_qos`): it is corrected like any other difference, with a `DriftCorrected` Event and
 //! `rocefabric_qos_drift_corrections_total`.
 
+use std::collections::BTreeSet;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
@@ -39,6 +40,7 @@ use tokio::time::Instant;
 use tracing::{info, instrument, warn};
 
 use super::apply::{self, Netlink, Outcome};
+use super::default_route;
 use super::driver_files::{NetdevFiles, RdmaPort, Roots};
 use super::plan::Desired;
 use crate::inventory;
@@ -76,6 +78,11 @@ impl AgentError {
 /// Applies QoS to one interface. The real one speaks netlink; tests use in-memory devices.
 pub trait NodeKernel: Send + Sync + 'static {
     fn apply(&self, files: &NetdevFiles, desired: &Desired) -> Result<Outcome, String>;
+
+    /// Interfaces that carry a default route in the node's network namespace.
+    fn default_route_netdevs(&self) -> BTreeSet<String> {
+        BTreeSet::new()
+    }
 }
 
 /// [`NodeKernel`] over fresh netlink sockets for each interface.
@@ -86,6 +93,16 @@ impl NodeKernel for NetlinkKernel {
     fn apply(&self, files: &NetdevFiles, desired: &Desired) -> Result<Outcome, String> {
         let mut netlink = Netlink::open().map_err(|e| format!("opening netlink sockets: {e}"))?;
         Ok(apply::apply(&mut netlink.kernel(), files, desired))
+    }
+
+    /// From `/proc/net`, which shows the reader's network namespace (the host's: the agent runs
+    /// with `hostNetwork`).
+    fn default_route_netdevs(&self) -> BTreeSet<String> {
+        let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+        default_route::default_route_netdevs(
+            &read("/proc/net/route"),
+            &read("/proc/net/ipv6_route"),
+        )
     }
 }
 
@@ -181,12 +198,15 @@ fn port_state_text(state: PortState) -> String {
         .unwrap_or_else(|| format!("{state:?}"))
 }
 
-/// The RoCE netdevs of the node's HCAs that `node.spec.nicSelector` selects.
+/// The RoCE netdevs of the node's HCAs that `node.spec.nicSelector` selects, less those carrying
+/// a default route (`default_route`) unless the selector names them.
 pub fn select_interfaces(
     roots: &Roots,
     node: &RoceNode,
+    default_route: &BTreeSet<String>,
 ) -> Result<Vec<Selected>, inventory::DiscoverError> {
-    let inv = inventory::discover(&roots.sysfs, &node.spec.nic_selector)?;
+    let selector = &node.spec.nic_selector;
+    let inv = inventory::discover(&roots.sysfs, selector)?;
     Ok(inv
         .hcas
         .into_iter()
@@ -195,6 +215,13 @@ pub fn select_interfaces(
                 warn!(rdma_device = %h.name, "selected HCA has no netdev; no QoS to apply");
                 return None;
             };
+            if default_route.contains(&netdev)
+                && !default_route::named_explicitly(selector, &netdev, &h.name, &h.pci_address)
+            {
+                warn!(%netdev, rdma_device = %h.name,
+                    "not touching the node's default-route interface; name it in nicSelector to configure it");
+                return None;
+            }
             let files = NetdevFiles::known(
                 roots,
                 &netdev,
@@ -441,7 +468,7 @@ pub async fn reconcile(
     let wanted = desired.clone();
     let results: Vec<(Selected, Result<Outcome, String>)> =
         tokio::task::spawn_blocking(move || {
-            let selected = select_interfaces(&roots, &target)?;
+            let selected = select_interfaces(&roots, &target, &kernel.default_route_netdevs())?;
             Ok::<_, AgentError>(
                 selected
                     .into_iter()

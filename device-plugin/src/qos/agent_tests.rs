@@ -2,6 +2,7 @@
 //! status patch, drift Events and metrics, and the watch/resync loop under paused time.
 #![allow(clippy::unwrap_used)] // tests fail loudly on the unexpected
 
+use std::collections::BTreeSet;
 use std::sync::Mutex;
 
 use http::{Method, Request, Response, StatusCode};
@@ -639,4 +640,40 @@ fn retry_delay_doubles_up_to_the_resync_interval() {
     let max = Duration::from_secs(60);
     let d: Vec<u64> = (1..=8).map(|f| retry_delay(f, max).as_secs()).collect();
     assert_eq!(d, [1, 2, 4, 8, 16, 32, 60, 60]);
+}
+
+/// The NIC carrying the node's default route is left alone unless the selector names it: an
+/// empty or vendor-wide selector must not put PFC or a new MTU on the node's own uplink.
+#[test]
+fn the_default_route_interface_is_touched_only_when_named() {
+    let t = tree(Flavour::Upstream, true);
+    let default_route = BTreeSet::from(["enp24s0np0".to_string()]);
+    let with_selector = |selector: NicSelector| {
+        let mut node = roce_node(1);
+        node.spec.nic_selector = selector;
+        let selected = select_interfaces(&t.roots, &node, &default_route).expect("discovery");
+        selected
+            .into_iter()
+            .map(|s| s.files.netdev)
+            .collect::<Vec<_>>()
+    };
+    assert!(
+        with_selector(NicSelector::default()).is_empty(),
+        "empty selector"
+    );
+    let vendor = NicSelector {
+        vendors: vec!["15b3".into()],
+        ..Default::default()
+    };
+    assert!(with_selector(vendor).is_empty(), "vendor-wide selector");
+    let named = NicSelector {
+        netdevs: vec!["enp24s0np0".into()],
+        ..Default::default()
+    };
+    assert_eq!(with_selector(named), ["enp24s0np0"]);
+    // Without a default route on it, the empty selector takes it as before.
+    let mut node = roce_node(1);
+    node.spec.nic_selector = NicSelector::default();
+    let selected = select_interfaces(&t.roots, &node, &BTreeSet::new()).expect("discovery");
+    assert_eq!(selected.len(), 1);
 }

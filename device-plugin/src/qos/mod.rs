@@ -10,6 +10,7 @@
 //! - [`apply`]: observe -> plan -> write -> read back -> per-knob [`KnobStatus`](rocefabric_api::KnobStatus);
 //! - [`counters`]: PFC, CNP and ECN counters as Prometheus metrics, with [`ethtool`] reading the
 //!   driver statistics (`ethtool -S`: pause durations, pause-storm events) over `SIOCETHTOOL`;
+//! - [`default_route`] (pure): the node's default-route interfaces, kept out of QoS unless named;
 //! - [`agent`]: the Kubernetes shell that applies a `RoceNode` and writes its status;
 //! - [`gate`]: the device plugin's view of which netdevs are lossless.
 
@@ -17,6 +18,7 @@ pub mod agent;
 pub mod apply;
 pub mod counters;
 pub mod dcbnl;
+pub mod default_route;
 pub mod driver_files;
 pub mod ethtool;
 #[cfg(test)]
