@@ -256,6 +256,34 @@ fn a_spec_change_rolls_out_within_the_budget_and_counts_unsettled_nodes() {
     assert_eq!(p.report.fabrics[0].waiting_nodes, 2);
 }
 
+/// Only a change of what the nodes apply rolls out: editing the rollout budget (or shared
+/// memory) bumps the fabric's generation but writes no RoceNode and keeps every node configured.
+#[test]
+fn an_edit_that_leaves_the_node_config_alone_rolls_nothing() {
+    let f = with_budget(fabric("f", 0, &[]), IntOrString::Int(1));
+    let mut w = world(vec![f], nodes("n", 3, &[]), vec![]);
+    converge(&mut w);
+    let edited = with_budget(w.fabrics[0].clone(), IntOrString::String("50%".into()));
+    w.fabrics[0] = edited;
+    w.fabrics[0].metadata.generation = Some(2);
+    let p = step(&mut w);
+    assert!(applied_nodes(&p).is_empty(), "{:?}", p.writes);
+    assert_eq!(p.report.fabrics[0].configured_nodes, 3);
+    let st = fabric_of(&w, "f").status.clone().unwrap();
+    assert_eq!(st.observed_generation, Some(2));
+    assert_eq!(st.nodes.configured, 3);
+    assert_eq!(condition_of(&w, "f", condition::READY).0, "True");
+    // A QoS change afterwards still rolls out, at the new generation.
+    bump_dscp(&mut w.fabrics[0], 24);
+    let p = step(&mut w);
+    assert!(!applied_nodes(&p).is_empty());
+    for w in &p.writes {
+        if let Write::ApplyRoceNode { spec, .. } = w {
+            assert_eq!(spec.fabric_generation, 3);
+        }
+    }
+}
+
 #[test]
 fn failures_beyond_the_budget_stop_the_rollout() {
     let mut w = world(vec![fabric("f", 0, &[])], nodes("n", 4, &[]), vec![]);

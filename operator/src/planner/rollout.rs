@@ -1,7 +1,9 @@
 //! Per fabric: render the RoceNode spec, classify its nodes and pace the rollout.
 //!
 //! A node is in progress from when its RoceNode spec is written with a generation until its
-//! status reports that generation applied (`QosApplied` True) or failed (`QosApplied` False or
+//! status reports that generation applied. The generation is the fabric's at the last change of
+//! what the node applies (rendered QoS, NIC selection): other edits of the fabric re-roll nothing.
+//! Until then it is in progress: from the write until the status reports it applied (`QosApplied` True) or failed (`QosApplied` False or
 //! `Degraded` True). New nodes (no RoceNode yet) and nodes holding an older spec wait for a slot:
 //! at most `RolloutSpec::budget(selected)` nodes are in progress at once. Once failures for the
 //! current generation exceed the budget the rollout stops: no waiting node gets the new spec.
@@ -50,6 +52,14 @@ pub(crate) fn desired_spec(fabric: &FabricView<'_>) -> RoceNodeSpec {
         qos: fabric.obj.spec.qos.rendered(),
         nic_selector: fabric.obj.spec.nic_selector.clone(),
     }
+}
+
+/// Whether a RoceNode already holds what `desired` asks the node to apply: the same fabric,
+/// rendered QoS and NIC selection, whatever fabric generation it was written at.
+fn same_node_config(held: &RoceNodeSpec, desired: &RoceNodeSpec) -> bool {
+    held.fabric == desired.fabric
+        && held.qos == desired.qos
+        && held.nic_selector == desired.nic_selector
 }
 
 /// What a RoceNode's status says about the generation its spec carries.
@@ -119,8 +129,11 @@ pub(crate) fn plan_rollout(
             let name = node_name(&nodes[n]);
             match roce_nodes.get(name) {
                 None => Class::Missing,
-                Some(rn) if rn.spec == desired => Class::Current {
-                    report: report_for(rn, desired.fabric_generation),
+                // Only what the node applies counts: an edit of the fabric that leaves the
+                // rendered QoS and NIC selection as they are (rollout pacing, shared memory)
+                // must not re-roll QoS over every node.
+                Some(rn) if same_node_config(&rn.spec, &desired) => Class::Current {
+                    report: report_for(rn, rn.spec.fabric_generation),
                     fix_metadata: !owned_by(rn, fabric),
                 },
                 Some(rn) => Class::Stale {
@@ -163,11 +176,17 @@ pub(crate) fn plan_rollout(
     };
     for (i, c) in classes.iter().enumerate() {
         let name = node_name(&nodes[owned[i]]);
+        // A node holding the current configuration keeps its spec (and generation) when only
+        // its metadata is repaired.
+        let spec = match roce_nodes.get(name) {
+            Some(rn) if same_node_config(&rn.spec, &desired) => rn.spec.clone(),
+            _ => desired.clone(),
+        };
         let apply = || Write::ApplyRoceNode {
             name: name.to_string(),
             fabric_name: fabric.name.to_string(),
             fabric_uid: fabric.uid.to_string(),
-            spec: desired.clone(),
+            spec: spec.clone(),
         };
         let entry = match c {
             Class::Current {
