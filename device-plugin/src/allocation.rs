@@ -30,7 +30,7 @@
 //! `NCCL_IB_GID_INDEX` when all granted HCAs agree on one RoCE v2 IPv4 GID index, `NCCL_IB_TC` and
 //! `UCX_IB_TRAFFIC_CLASS` when the traffic class is known, and `PCIDEVICE_<RESOURCE>` (the SR-IOV
 //! plugin's convention) with the granted PCI addresses. GPU grants set `PCIDEVICE_<RESOURCE>` and
-//! `NVIDIA_VISIBLE_DEVICES` with the granted GPU indexes (PCI bus order, as NVML numbers them), so
+//! `NVIDIA_VISIBLE_DEVICES` with the granted GPUs' UUIDs (from the driver), else their indexes, so
 //! the NVIDIA container runtime hook, where installed, mounts the driver libraries for exactly
 //! those GPUs even when an image sets `NVIDIA_VISIBLE_DEVICES=all`. A container that requests two
 //! of these resources receives both sets of variables; where keys coincide (`NCCL_IB_HCA` from
@@ -567,8 +567,18 @@ pub fn allocate(
         }
     }
     if !gpus.is_empty() {
-        let indexes: Vec<String> = gpus.keys().map(u32::to_string).collect();
-        envs.insert("NVIDIA_VISIBLE_DEVICES".into(), indexes.join(","));
+        // UUIDs when the driver gave every one (stable whatever the runtime's enumeration),
+        // else the indexes.
+        let uuids: Option<Vec<&str>> = gpus.values().map(|g| g.uuid.as_deref()).collect();
+        let visible = match uuids {
+            Some(uuids) => uuids.join(","),
+            None => gpus
+                .keys()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
+        };
+        envs.insert("NVIDIA_VISIBLE_DEVICES".into(), visible);
     }
     if !granted_pci.is_empty() {
         envs.insert(pcidevice_env_name(resource), granted_pci.join(","));

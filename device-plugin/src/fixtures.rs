@@ -927,6 +927,42 @@ pub fn kernfs_link_target(link: &Path, target: &Path) -> PathBuf {
     out
 }
 
+/// The device nodes a node with this fixture has, as empty files under `dev_root` (enough for
+/// the daemon's existence checks; the cluster suite makes real character devices instead):
+/// `infiniband/uverbsN` per RDMA device, `infiniband/rdma_cm`, `nvidiaN` per GPU bound to the
+/// nvidia driver (PCI order), `nvidiactl`, `nvidia-uvm`, `nvidia-uvm-tools`.
+pub fn write_dev_nodes(node: &FixtureNode, dev_root: &Path) -> io::Result<()> {
+    let touch = |relative: String| -> io::Result<()> {
+        let path = dev_root.join(relative);
+        if let Some(parent) = path.parent() {
+            fs::create_dir_all(parent)?;
+        }
+        fs::write(path, b"")
+    };
+    for uverbs in node
+        .functions
+        .iter()
+        .filter_map(|f| f.rdma.as_ref()?.uverbs)
+    {
+        touch(format!("infiniband/uverbs{uverbs}"))?;
+    }
+    touch("infiniband/rdma_cm".into())?;
+    let mut gpus: Vec<&PciFunction> = node
+        .functions
+        .iter()
+        .filter(|f| f.vendor == 0x10de && f.class >> 8 == CLASS_3D >> 8)
+        .filter(|f| f.driver.as_deref() == Some("nvidia"))
+        .collect();
+    gpus.sort_by(|a, b| a.address.cmp(&b.address));
+    for i in 0..gpus.len() {
+        touch(format!("nvidia{i}"))?;
+    }
+    for name in ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"] {
+        touch(name.into())?;
+    }
+    Ok(())
+}
+
 /// A temporary directory for a fixture tree: in `/dev/shm` when it exists (a tree is thousands of
 /// small files; on tmpfs it is written in milliseconds rather than the second a disk-backed
 /// `/tmp` can take), else in the default temp dir. Removed when dropped.

@@ -7,9 +7,11 @@
 //!   with several Ethernet ports is served through its lowest-numbered one (its PCI address is its
 //!   device ID). The RoCE v2 GID index is the lowest index whose `gid_attrs/types` is `RoCE v2`,
 //!   whose GID is IPv4-mapped and whose `gid_attrs/ndevs` is the port's netdev: never assumed.
-//! - GPUs: every PCI function of vendor 0x10de with class 0x0300xx (VGA) or 0x0302xx (3D), indexed
-//!   in PCI address order (the NVIDIA driver's enumeration on a normal system, so GPU `N` is
-//!   `/dev/nvidiaN`).
+//! - GPUs: every PCI function of vendor 0x10de with class 0x0300xx (VGA) or 0x0302xx (3D) not
+//!   bound to another driver. `N` of `/dev/nvidiaN` and the UUID come from the driver's
+//!   `/proc/driver/nvidia/gpus/<bdf>/information` when a proc root is given and the file reads;
+//!   otherwise `N` is the PCI address order (the driver's enumeration on a normal system). A GPU
+//!   with no driver bound is listed Unhealthy: it has no device node to hand out.
 //! - An unreadable or malformed device attribute (vendor, numa_node, port state, ...) skips that
 //!   one device with a warning; discovery of the others goes on. GID table entries are different:
 //!   the kernel fails reads of unused entries by design, so an unreadable or malformed entry only
@@ -194,6 +196,15 @@ fn resolve_function(root: &Path, link: &Path) -> Result<PciFn, DeviceError> {
 
 /// Discover HCAs (narrowed by `selector`) and GPUs under `sysfs_root`.
 pub fn discover(sysfs_root: &Path, selector: &NicSelector) -> Result<Inventory, DiscoverError> {
+    discover_with(sysfs_root, None, selector)
+}
+
+/// [`discover`], reading the NVIDIA driver's GPU information under `proc_root` (`/proc`) too.
+pub fn discover_with(
+    sysfs_root: &Path,
+    proc_root: Option<&Path>,
+    selector: &NicSelector,
+) -> Result<Inventory, DiscoverError> {
     let root = fs::canonicalize(sysfs_root)
         .and_then(|r| {
             if r.is_dir() {
@@ -242,7 +253,7 @@ pub fn discover(sysfs_root: &Path, selector: &NicSelector) -> Result<Inventory, 
     let mut gpus: Vec<Gpu> = Vec::new();
     for (i, address) in candidates.iter().enumerate() {
         let index = u32::try_from(i).unwrap_or(u32::MAX);
-        match read_gpu(&root, address, index) {
+        match read_gpu(&root, proc_root, address, index) {
             Ok(gpu) => gpus.push(gpu),
             Err(error) => warn!(pci_address = %address, %error, "skipping GPU"),
         }
@@ -433,25 +444,94 @@ fn is_nvidia_gpu(root: &Path, address: &str) -> Result<bool, DeviceError> {
     Ok(!other_driver)
 }
 
-fn read_gpu(root: &Path, address: &str, index: u32) -> Result<Gpu, DeviceError> {
+fn read_gpu(
+    root: &Path,
+    proc_root: Option<&Path>,
+    address: &str,
+    index: u32,
+) -> Result<Gpu, DeviceError> {
     let link = root.join("bus/pci/devices").join(address);
     let func = resolve_function(root, &link)?;
     let device_id = read_hex16(&func.dir.join("device"))?;
     let numa_node = read_numa(&func.dir)?;
+    let bound = fs::read_link(link.join("driver"))
+        .ok()
+        .and_then(|t| t.file_name().map(|n| n == "nvidia"))
+        .unwrap_or(false);
+    if !bound {
+        warn!(pci_address = %address, "GPU has no driver bound: listed Unhealthy");
+    }
+    let info = proc_root
+        .and_then(|p| {
+            fs::read_to_string(
+                p.join("driver/nvidia/gpus")
+                    .join(address)
+                    .join("information"),
+            )
+            .ok()
+        })
+        .map(|text| parse_nvidia_information(&text))
+        .unwrap_or_default();
     Ok(Gpu {
         pci_address: func.address,
-        index,
+        index: info.minor.unwrap_or(index),
+        uuid: info.uuid,
         device_id,
         numa_node,
-        health: Health::Healthy,
+        health: if bound {
+            Health::Healthy
+        } else {
+            Health::Unhealthy
+        },
         pci_path: func.pci_path,
     })
+}
+
+/// What the NVIDIA driver says of one GPU in `/proc/driver/nvidia/gpus/<bdf>/information`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NvidiaInformation {
+    /// `Device Minor:`, the N of `/dev/nvidiaN`.
+    pub minor: Option<u32>,
+    /// `GPU UUID:`.
+    pub uuid: Option<String>,
+}
+
+/// Parse the `Key: value` lines of the driver's information file (unknown keys are ignored).
+pub fn parse_nvidia_information(text: &str) -> NvidiaInformation {
+    let mut info = NvidiaInformation::default();
+    for line in text.lines() {
+        let Some((key, value)) = line.split_once(':') else {
+            continue;
+        };
+        let value = value.trim();
+        match key.trim() {
+            "Device Minor" => info.minor = value.parse().ok(),
+            "GPU UUID" if value.starts_with("GPU-") => info.uuid = Some(value.to_string()),
+            _ => {}
+        }
+    }
+    info
 }
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nvidia_information_parsing() {
+        let text = "Model: \t\t NVIDIA H100 80GB HBM3\nIRQ:   \t\t 180\nGPU UUID: \t GPU-6f3a2c1e-0b1d-4c55-9e2a-8d7f00000003\nVideo BIOS: \t 96.00.99.00.01\nBus Type: \t PCIe\nDevice Minor: \t 3\n";
+        let info = parse_nvidia_information(text);
+        assert_eq!(info.minor, Some(3));
+        assert_eq!(
+            info.uuid.as_deref(),
+            Some("GPU-6f3a2c1e-0b1d-4c55-9e2a-8d7f00000003")
+        );
+        assert_eq!(
+            parse_nvidia_information("Device Minor: x\nGPU UUID: n/a\n"),
+            NvidiaInformation::default()
+        );
+    }
 
     #[test]
     fn gid_parsing() {

@@ -67,10 +67,15 @@ pub struct Hca {
 pub struct Gpu {
     /// Full PCI address; the device ID advertised to the kubelet.
     pub pci_address: String,
-    /// Driver enumeration index N of `/dev/nvidiaN` (PCI bus order).
+    /// N of `/dev/nvidiaN`: the driver's `Device Minor` from
+    /// `/proc/driver/nvidia/gpus/<bdf>/information` when readable, else the PCI bus order.
     pub index: u32,
+    /// `GPU-...` UUID from the same file, when readable.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
     pub device_id: u16,
     pub numa_node: Option<u32>,
+    /// Healthy only with the nvidia driver bound (and, in `serve`, its device node present).
     pub health: Health,
     /// Realpath of the PCI function relative to the sysfs root.
     pub pci_path: String,

@@ -50,6 +50,9 @@ pub struct ServeOptions {
     /// Where the kubelet and the container runtime find the device nodes (`/dev` on a node; a
     /// containerized driver root or a fixture elsewhere): the host path of every device spec.
     pub host_dev_root: PathBuf,
+    /// Where the NVIDIA driver's `driver/nvidia/gpus/<bdf>/information` is read (`/proc`; not
+    /// namespaced, so a container's own `/proc` shows it). `None`: GPUs are numbered in PCI order.
+    pub proc_root: Option<PathBuf>,
     pub plugin_dir: PathBuf,
     pub kubelet_socket: PathBuf,
     pub node_name: Option<String>,
@@ -131,6 +134,7 @@ impl ServeOptions {
             sysfs_root,
             dev_root,
             host_dev_root: PathBuf::from("/dev"),
+            proc_root: None,
             plugin_dir,
             kubelet_socket,
             node_name: None,
@@ -413,11 +417,32 @@ pub fn to_proto(alloc: ContainerAllocation) -> pb::ContainerAllocateResponse {
     }
 }
 
-/// Discovery on the blocking pool.
-async fn discover(sysfs_root: &Path, config: &Config) -> Result<Inventory, String> {
-    let root = sysfs_root.to_path_buf();
+/// Where discovery reads from.
+#[derive(Clone, Debug)]
+struct Sources {
+    sysfs: PathBuf,
+    proc: Option<PathBuf>,
+    dev: PathBuf,
+}
+
+/// Discovery on the blocking pool. A GPU whose `/dev/nvidiaN` is missing is Unhealthy: the
+/// container it would be granted to could not start.
+async fn discover(sources: &Sources, config: &Config) -> Result<Inventory, String> {
+    let sources = sources.clone();
     let selector = config.hca.selector.clone();
-    match tokio::task::spawn_blocking(move || inventory::discover(&root, &selector)).await {
+    let found = tokio::task::spawn_blocking(move || {
+        let mut inv = inventory::discover_with(&sources.sysfs, sources.proc.as_deref(), &selector)?;
+        for gpu in &mut inv.gpus {
+            let node = sources.dev.join(format!("nvidia{}", gpu.index));
+            if gpu.health == Health::Healthy && !node.exists() {
+                tracing::debug!(pci_address = %gpu.pci_address, node = %node.display(),
+                    "GPU device node missing: listed Unhealthy");
+                gpu.health = Health::Unhealthy;
+            }
+        }
+        Ok::<_, inventory::DiscoverError>(inv)
+    });
+    match found.await {
         Ok(result) => result.map_err(|e| e.to_string()),
         Err(join) => Err(format!("discovery task failed: {join}")),
     }
@@ -431,7 +456,7 @@ async fn stopped(stopping: &mut watch::Receiver<bool>) {
 /// The poll task: rediscover every interval and on every view change, then publish.
 async fn poll_loop(
     mut publisher: Publisher,
-    sysfs_root: PathBuf,
+    sources: Sources,
     mut inventory: Inventory,
     mut view_rx: watch::Receiver<FabricView>,
     mut stopping: watch::Receiver<bool>,
@@ -444,7 +469,7 @@ async fn poll_loop(
     let mut view_open = true;
     loop {
         tokio::select! {
-            _ = ticks.tick() => match discover(&sysfs_root, &config).await {
+            _ = ticks.tick() => match discover(&sources, &config).await {
                 Ok(found) => inventory = found,
                 Err(error) => {
                     publisher.metrics.discovery_failures.inc();
@@ -653,6 +678,7 @@ pub async fn run(
         sysfs_root,
         dev_root,
         host_dev_root,
+        proc_root,
         plugin_dir,
         kubelet_socket,
         node_name,
@@ -677,7 +703,12 @@ pub async fn run(
     let mut watcher = Some(DirWatcher::start(&plugin_dir, &kubelet_socket)?);
 
     let config = Arc::new(config);
-    let inventory = match discover(&sysfs_root, &config).await {
+    let sources = Sources {
+        sysfs: sysfs_root.clone(),
+        proc: proc_root,
+        dev: dev_root.clone(),
+    };
+    let inventory = match discover(&sources, &config).await {
         Ok(inventory) => inventory,
         Err(error) => {
             tracing::warn!(%error, "initial discovery failed; starting with no devices");
@@ -716,9 +747,7 @@ pub async fn run(
             .collect(),
     };
     let (stop_tx, stop_rx) = watch::channel(false);
-    let poller = tokio::spawn(poll_loop(
-        publisher, sysfs_root, inventory, view_rx, stop_rx,
-    ));
+    let poller = tokio::spawn(poll_loop(publisher, sources, inventory, view_rx, stop_rx));
 
     for i in 0..supervisor.resources.len() {
         supervisor.start(i).await;

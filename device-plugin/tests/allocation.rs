@@ -143,6 +143,25 @@ fn pairs_are_each_gpu_with_its_rail() {
     );
 }
 
+/// GPUs the driver gave UUIDs are named by UUID in `NVIDIA_VISIBLE_DEVICES`; without UUIDs for
+/// every granted GPU, by index.
+#[test]
+fn visible_devices_are_uuids_when_the_driver_gave_them() {
+    let mut inv = dgx().clone();
+    let grant = ids(&["0000:1b:00.0", "0000:43:00.0"]);
+    let env = |inv: &Inventory| {
+        allocate(ResourceKind::Gpu, inv, &Config::default(), None, &grant)
+            .unwrap()
+            .envs["NVIDIA_VISIBLE_DEVICES"]
+            .clone()
+    };
+    assert_eq!(env(&inv), "0,1");
+    inv.gpus[0].uuid = Some("GPU-aaaa".into());
+    assert_eq!(env(&inv), "0,1", "one GPU without a UUID: indexes");
+    inv.gpus[1].uuid = Some("GPU-bbbb".into());
+    assert_eq!(env(&inv), "GPU-aaaa,GPU-bbbb");
+}
+
 #[test]
 fn device_specs_name_the_host_dev_root_and_keep_container_paths() {
     let grant = ids(&["0000:18:00.0"]);

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use rocefabric_api::NicSelector;
 use rocefabric_device_plugin::fixtures::{self, FixtureNode};
-use rocefabric_device_plugin::inventory::{DiscoverError, discover};
+use rocefabric_device_plugin::inventory::{DiscoverError, discover, discover_with};
 use rocefabric_device_plugin::model::{Distance, Health, Inventory, PortState};
 use rocefabric_device_plugin::topology;
 
@@ -145,6 +145,56 @@ fn dgx_fixture_discovers_gpus_in_pci_order_and_skips_nvswitches() {
     );
     // The NVSwitch functions (10de:22a3, class 0x0680) are in the tree but are not GPUs.
     assert!(dir.path().join("bus/pci/devices/0000:03:00.0").exists());
+}
+
+/// The driver's own numbering wins over PCI order, and gives the UUIDs; a GPU with no driver bound
+/// is listed Unhealthy (it has no device node to hand out).
+#[test]
+fn gpu_minor_and_uuid_come_from_the_driver_and_an_unbound_gpu_is_unhealthy() {
+    let mut node = FixtureNode::dgx_h100();
+    node.function_mut("0000:df:00.0").unwrap().driver = None;
+    let dir = written(&node);
+    let proc = tempfile::tempdir().unwrap();
+    // The driver numbered the first two GPUs the other way round.
+    for (bdf, minor) in [("0000:1b:00.0", 1), ("0000:43:00.0", 0)] {
+        let info = proc.path().join("driver/nvidia/gpus").join(bdf);
+        fs::create_dir_all(&info).unwrap();
+        fs::write(
+            info.join("information"),
+            format!("Model: \t NVIDIA H100\nGPU UUID: \t GPU-0000000{minor}-aaaa-bbbb-cccc-dddddddddddd\nDevice Minor: \t {minor}\n"),
+        )
+        .unwrap();
+    }
+    let inv = discover_with(dir.path(), Some(proc.path()), &NicSelector::default()).unwrap();
+    let gpu = |bdf: &str| inv.gpus.iter().find(|g| g.pci_address == bdf).unwrap();
+    assert_eq!(
+        (gpu("0000:1b:00.0").index, gpu("0000:43:00.0").index),
+        (1, 0)
+    );
+    assert_eq!(
+        gpu("0000:1b:00.0").uuid.as_deref(),
+        Some("GPU-00000001-aaaa-bbbb-cccc-dddddddddddd")
+    );
+    assert_eq!(
+        gpu("0000:52:00.0").uuid,
+        None,
+        "no information file: no UUID"
+    );
+    assert_eq!(
+        gpu("0000:df:00.0").health,
+        Health::Unhealthy,
+        "no driver bound"
+    );
+    assert!(
+        inv.gpus
+            .iter()
+            .filter(|g| g.pci_address != "0000:df:00.0")
+            .all(|g| g.health == Health::Healthy)
+    );
+    // Without a proc root, PCI order as before.
+    let plain = discover_all(dir.path());
+    assert_eq!(plain.gpus[0].index, 0);
+    assert_eq!(plain.gpus[0].uuid, None);
 }
 
 #[test]

@@ -694,3 +694,27 @@ async fn a_registered_daemon_does_not_exit() {
     tokio::time::sleep(Duration::from_millis(800)).await;
     daemon.stop().await.expect("still running, stops cleanly");
 }
+
+/// A GPU whose `/dev/nvidiaN` is missing (driver unloaded, node removed) is listed Unhealthy: the
+/// kubelet must not hand it out, the container could not start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gpu_without_its_device_node_is_unhealthy() {
+    let node = Node::dgx();
+    std::fs::remove_file(node.dev.join("nvidia2")).expect("remove nvidia2");
+    let (kubelet, daemon) = start(&node, fast_config(), &[GPU]).await;
+    let gpus = kubelet
+        .snapshot()
+        .devices_of(GPU)
+        .unwrap_or_default()
+        .to_vec();
+    assert_eq!(health_of(&gpus, "0000:52:00.0"), Some("Unhealthy"), "GPU 2");
+    assert_eq!(gpus.iter().filter(|d| d.health == "Healthy").count(), 7);
+    std::fs::write(node.dev.join("nvidia2"), b"").expect("node back");
+    kubelet
+        .wait_for_devices(GPU, WAIT, |d| {
+            health_of(d, "0000:52:00.0") == Some("Healthy")
+        })
+        .await
+        .expect("Healthy once the node is back");
+    daemon.stop().await.expect("clean stop");
+}

@@ -30,6 +30,10 @@ pub struct ServeArgs {
     /// device spec handed to the kubelet (container paths stay `/dev/...`).
     #[arg(long, value_name = "DIR", default_value = "/dev")]
     pub host_dev_root: PathBuf,
+    /// Where the NVIDIA driver's GPU information (`driver/nvidia/gpus/<bdf>/information`: device
+    /// minor, UUID) is read.
+    #[arg(long, value_name = "DIR", default_value = "/proc")]
+    pub proc_root: PathBuf,
     /// The kubelet's device plugin directory (our sockets are created here).
     #[arg(long, value_name = "DIR", default_value = DEFAULT_PLUGIN_DIR)]
     pub plugin_dir: PathBuf,
@@ -67,6 +71,7 @@ impl ServeArgs {
         }
         options.node_name = self.node_name.clone();
         options.host_dev_root = self.host_dev_root.clone();
+        options.proc_root = Some(self.proc_root.clone());
         options.exit_after_unregistered =
             (!self.exit_after_unregistered.is_zero()).then_some(self.exit_after_unregistered);
         Ok(options)

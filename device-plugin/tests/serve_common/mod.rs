@@ -37,7 +37,7 @@ impl Node {
         let dev = dir.path().join("dev");
         let plugin_dir = dir.path().join("device-plugins");
         fixture.write_to(&sysfs).expect("write fixture");
-        std::fs::create_dir_all(dev.join("infiniband")).expect("dev dir");
+        fixtures::write_dev_nodes(fixture, &dev).expect("dev nodes");
         Self {
             dir,
             sysfs,
