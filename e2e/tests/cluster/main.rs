@@ -2,7 +2,8 @@
 //!
 //! Meant for the local cluster of `e2e/cluster/up` (a control plane and kubelet built from source,
 //! containerd, a node with a DGX H100 fixture): `KUBECONFIG=e2e/cluster/.state/kubeconfig cargo test
-//! -p rocefabric-e2e --test cluster -- --test-threads=1`. Against another cluster the tests that
+//! -p rocefabric-e2e --test cluster` (the tests take turns on the one cluster, whatever
+//! `--test-threads` says). Against another cluster the tests that
 //! need the local node's fixture report themselves skipped by name. Without `KUBECONFIG` every test
 //! prints `SKIPPED: cluster e2e (<reason>): <test>`; with `ROCEFABRIC_REQUIRE_CLUSTER=1` (CI) any
 //! skip is a failure.
@@ -65,6 +66,17 @@ pub struct Ctx {
     pub rt: tokio::runtime::Runtime,
     pub client: Client,
     pub setup: Setup,
+    /// Held for the whole test: the tests share one cluster (and some reinstall the chart or
+    /// restart the kubelet), so they run one at a time whatever `--test-threads` says.
+    _serial: std::sync::MutexGuard<'static, ()>,
+}
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    // A failed test poisons the lock; the next test still runs.
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -90,6 +102,7 @@ pub fn skip_or_fail(reason: &str, test: &str) {
 /// A cluster that answers but on which the install fails is a failure, not a skip.
 pub fn cluster(test: &str) -> Option<Ctx> {
     static SETUP: OnceLock<Outcome> = OnceLock::new();
+    let serial = serial();
     let outcome = SETUP.get_or_init(|| {
         if std::env::var_os("KUBECONFIG").is_none_or(|v| v.is_empty()) {
             return Outcome::Skip("KUBECONFIG not set".into());
@@ -109,6 +122,7 @@ pub fn cluster(test: &str) -> Option<Ctx> {
                 rt,
                 client,
                 setup: setup.clone(),
+                _serial: serial,
             })
         }
     }

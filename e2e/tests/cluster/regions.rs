@@ -144,3 +144,83 @@ fn gated_pod_gets_its_window_in_the_container_and_the_directory() {
         .await;
     });
 }
+
+/// A fabric with a single region slot: a deleted pod's window is not handed to the next pod before
+/// the grace period (30 s) has passed since it terminated, and is handed over after it.
+#[test]
+fn a_freed_window_is_reused_only_after_the_grace_period() {
+    const TEST: &str = "a_freed_window_is_reused_only_after_the_grace_period";
+    const GRACE_FABRIC: &str = "e2e-grace";
+    const GRACE: std::time::Duration = std::time::Duration::from_secs(30);
+    let Some(ctx) = cluster(TEST) else {
+        return;
+    };
+    let image = pod_image(ctx.setup.local.as_ref());
+    let pod = |name: &str| {
+        let mut p = gated_pod(name, &image);
+        p["metadata"]["labels"][FABRIC_LABEL] = json!(GRACE_FABRIC);
+        p
+    };
+    ctx.rt.block_on(async {
+        let client = &ctx.client;
+        crate::apply_value(
+            client,
+            &json!({
+                "apiVersion": "rocefabric.io/v1alpha1", "kind": "RoceFabric",
+                "metadata": {"name": GRACE_FABRIC},
+                "spec": {
+                    // Shared memory only: it selects no node.
+                    "nodeSelector": {"matchLabels": {"rocefabric.io/e2e-grace": "none"}},
+                    "sharedMemory": {
+                        "regionSize": "1Mi", "maxRegions": 1,
+                        "podSelector": {"matchLabels": {FABRIC_LABEL: GRACE_FABRIC}}
+                    }
+                }
+            }),
+        )
+        .await
+        .expect("apply the one-slot fabric");
+        let pods: Api<Pod> = Api::namespaced(client.clone(), WORKLOAD_NAMESPACE);
+        for name in ["grace-a", "grace-b"] {
+            crate::delete_pod(&pods, name).await;
+        }
+        create_pod(&pods, pod("grace-a")).await;
+        let (_, first) = assigned_window(&pods, "grace-a").await;
+        assert_eq!((first.fabric.as_str(), first.id), (GRACE_FABRIC, 0));
+
+        // Measured from before the delete, so the operator's grace (from when it saw the pod
+        // end) can only be shorter than `freed.elapsed()` if it is wrong.
+        let freed = tokio::time::Instant::now();
+        crate::delete_pod(&pods, "grace-a").await;
+        create_pod(&pods, pod("grace-b")).await;
+        // Within the grace period the only slot stays out of use: grace-b waits, gated.
+        tokio::time::sleep(GRACE / 2).await;
+        let waiting = pods.get("grace-b").await.expect("grace-b");
+        let gated = waiting
+            .spec
+            .as_ref()
+            .and_then(|s| s.scheduling_gates.as_ref())
+            .is_some_and(|g| !g.is_empty());
+        assert!(
+            gated && !waiting.annotations().contains_key(REGION_ANNOTATION),
+            "grace-b got the freed window within the grace period: {:?}",
+            waiting.annotations()
+        );
+        // After it, grace-b gets the same window.
+        let (_, second) = assigned_window(&pods, "grace-b").await;
+        assert!(
+            freed.elapsed() >= GRACE,
+            "reused after {:?}, before the grace period",
+            freed.elapsed()
+        );
+        assert_eq!(
+            (second.id, second.base, second.size),
+            (first.id, first.base, first.size)
+        );
+        crate::delete_pod(&pods, "grace-b").await;
+        let fabrics: Api<rocefabric_api::RoceFabric> = Api::all(client.clone());
+        let _ = fabrics
+            .delete(GRACE_FABRIC, &kube::api::DeleteParams::default())
+            .await;
+    });
+}
