@@ -2,7 +2,7 @@
 //! in-process kubelet emulator, then the operator's `plan` over the example cluster snapshot.
 //! Needs no cluster, no RDMA hardware and no privileges.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -22,9 +22,13 @@ fn section(title: &str) {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let sysfs = fixtures::tempdir().context("cannot create a temp dir for the fixture")?;
-    fixtures::FixtureNode::dgx_h100()
-        .write_to(sysfs.path())
+    let node = fixtures::FixtureNode::dgx_h100();
+    node.write_to(sysfs.path())
         .context("cannot write the DGX H100 fixture")?;
+    // The fixture node's /dev (the daemon lists a GPU whose /dev/nvidiaN is missing Unhealthy);
+    // device specs still name /dev, as on the node.
+    let dev = fixtures::tempdir().context("cannot create a temp dir for /dev")?;
+    fixtures::write_dev_nodes(&node, dev.path()).context("cannot write the fixture's /dev")?;
 
     // A fabric with DSCP 26 tells workloads to use ToS 106 (NCCL_IB_TC / UCX_IB_TRAFFIC_CLASS).
     let config = Config {
@@ -45,7 +49,7 @@ async fn main() -> anyhow::Result<()> {
     let options = ServeOptions::new(
         config.clone(),
         sysfs.path().to_path_buf(),
-        PathBuf::from("/dev"),
+        dev.path().to_path_buf(),
         plugin_dir.path().to_path_buf(),
     );
     let (_view_tx, view_rx) = fabric_view::static_view(&config);
