@@ -65,6 +65,7 @@ async fn round_trips_and_reregistration() {
     let dir = fixtures::tempdir().unwrap();
     let sysfs = dir.path().join("sys");
     FixtureNode::dgx_h100().write_to(&sysfs).unwrap();
+    fixtures::write_dev_nodes(&FixtureNode::dgx_h100(), &dir.path().join("dev")).unwrap();
     let plugin_dir = dir.path().join("plugins");
     let mut kubelet = KubeletEmulator::start(&plugin_dir).await.unwrap();
     let config = Config {
@@ -213,6 +214,7 @@ async fn serve_binary_memory() {
     let dir = fixtures::tempdir().unwrap();
     let sysfs = dir.path().join("sys");
     FixtureNode::dgx_h100().write_to(&sysfs).unwrap();
+    fixtures::write_dev_nodes(&FixtureNode::dgx_h100(), &dir.path().join("dev")).unwrap();
     let plugin_dir = dir.path().join("plugins");
     let kubelet = KubeletEmulator::start(&plugin_dir).await.unwrap();
     let config = dir.path().join("config.yaml");
