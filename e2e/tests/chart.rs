@@ -1111,3 +1111,35 @@ fn admission_policies_confine_the_service_accounts() {
     let off = render(&engine, json!({"admissionPolicies": {"enabled": false}}));
     assert!(of_kind(&off, "ValidatingAdmissionPolicy").is_empty());
 }
+
+/// A kernel without configfs (or debugfs): an empty host path leaves that mount out, so the
+/// DaemonSet still starts (a `Directory` hostPath that does not exist keeps the pod pending).
+#[test]
+fn empty_debugfs_or_configfs_paths_are_not_mounted() {
+    let Some(engine) = engine("empty_debugfs_or_configfs_paths_are_not_mounted") else {
+        return;
+    };
+    let objects = render(
+        &engine,
+        json!({"node": {"hostPaths": {"configfs": "", "debugfs": ""}}}),
+    );
+    let ds = of_kind(&objects, "DaemonSet");
+    let text = serde_json::to_string(&ds).unwrap();
+    for gone in [
+        "/host/configfs",
+        "/host/debugfs",
+        "/sys/kernel/config",
+        "/sys/kernel/debug",
+    ] {
+        assert!(!text.contains(gone), "{gone} still rendered");
+    }
+    let defaults =
+        serde_json::to_string(&of_kind(&render(&engine, Value::Null), "DaemonSet")).unwrap();
+    for kept in [
+        "--configfs-root=/host/configfs",
+        "/sys/kernel/config",
+        "/sys/kernel/debug",
+    ] {
+        assert!(defaults.contains(kept), "{kept} rendered by default");
+    }
+}
