@@ -363,8 +363,8 @@ fn default_render_has_every_part_and_nothing_optional() {
         ("RoleBinding", 1),
         ("Service", 2),
         ("ConfigMap", 1),
-        ("ValidatingAdmissionPolicy", 3),
-        ("ValidatingAdmissionPolicyBinding", 3),
+        ("ValidatingAdmissionPolicy", 4),
+        ("ValidatingAdmissionPolicyBinding", 4),
     ]
     .into_iter()
     .map(|(k, n)| (k.to_string(), n))
@@ -1102,6 +1102,7 @@ fn admission_policies_confine_the_service_accounts() {
         ("node", "rocenodes"),
         ("node", "rocenodes/status"),
         ("operator", "configmaps"),
+        ("operator", "pods"),
         ("operator", "pods"),
     ]
     .into_iter()

@@ -351,3 +351,60 @@ fn node_agent_writes_only_its_own_rocenode() {
         let _ = roce_nodes.delete(other, &Default::default()).await;
     });
 }
+
+/// Nobody but the operator writes a pod's region annotation: a pod created with one (hand-written,
+/// or a manifest exported from a running pod) and an edit of it are refused, even for the admin.
+#[test]
+fn only_the_operator_writes_region_annotations() {
+    const TEST: &str = "only_the_operator_writes_region_annotations";
+    let Some((ctx, local)) = local_cluster(TEST) else {
+        return;
+    };
+    const REFUSED: &str = "only the rocefabric operator writes the rocefabric.io/region annotation";
+    ctx.rt.block_on(async {
+        let client = &ctx.client;
+        let pods: Api<Pod> = Api::namespaced(client.clone(), WORKLOAD_NAMESPACE);
+        let claimed = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {
+                "name": "vap-claimer", "namespace": WORKLOAD_NAMESPACE,
+                "annotations": {"rocefabric.io/region": "{\"fabric\":\"e2e\",\"id\":0,\"base\":0,\"size\":1048576}"}
+            },
+            "spec": {"containers": [{"name": "c", "image": local.busybox_image}]}
+        });
+        let pod: Pod = serde_json::from_value(claimed).expect("pod");
+        let dry = PostParams { dry_run: true, ..Default::default() };
+        denied_with(
+            pods.create(&dry, &pod).await.map(|_| String::new()).map_err(|e| e.to_string()),
+            REFUSED,
+            "a pod created with a region annotation",
+        );
+        create_pod(
+            &pods,
+            json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "vap-plain", "namespace": WORKLOAD_NAMESPACE},
+                "spec": {"terminationGracePeriodSeconds": 0, "containers": [{
+                    "name": "c", "image": local.busybox_image, "command": ["sleep", "3600"]
+                }]}
+            }),
+        )
+        .await;
+        let patch = json!({"metadata": {"annotations": {"rocefabric.io/region": "{}"}}});
+        let params = kube::api::PatchParams { dry_run: true, ..Default::default() };
+        denied_with(
+            pods.patch("vap-plain", &params, &kube::api::Patch::Merge(&patch))
+                .await
+                .map(|_| String::new())
+                .map_err(|e| e.to_string()),
+            REFUSED,
+            "the admin adds a region annotation",
+        );
+        // Other edits of pods are none of its business.
+        let label = json!({"metadata": {"labels": {"edited": "yes"}}});
+        pods.patch("vap-plain", &params, &kube::api::Patch::Merge(&label))
+            .await
+            .expect("an unrelated edit passes");
+        delete_pod(&pods, "vap-plain").await;
+    });
+}
