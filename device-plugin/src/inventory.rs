@@ -251,11 +251,29 @@ pub fn discover_with(
     }
     candidates.sort();
     let mut gpus: Vec<Gpu> = Vec::new();
+    let mut from_driver = 0;
     for (i, address) in candidates.iter().enumerate() {
         let index = u32::try_from(i).unwrap_or(u32::MAX);
         match read_gpu(&root, proc_root, address, index) {
-            Ok(gpu) => gpus.push(gpu),
+            Ok((gpu, minor_from_driver)) => {
+                from_driver += usize::from(minor_from_driver);
+                gpus.push(gpu);
+            }
             Err(error) => warn!(pci_address = %address, %error, "skipping GPU"),
+        }
+    }
+    // The driver's minors and the PCI order are two numberings: mixed, they could give two GPUs
+    // one N. Use the driver's only when it numbered every GPU.
+    if from_driver > 0 && from_driver < gpus.len() {
+        warn!(
+            numbered = from_driver,
+            gpus = gpus.len(),
+            "the driver's information covers only some GPUs; numbering all in PCI order"
+        );
+        for gpu in &mut gpus {
+            if let Some(p) = candidates.iter().position(|a| *a == gpu.pci_address) {
+                gpu.index = u32::try_from(p).unwrap_or(u32::MAX);
+            }
         }
     }
     debug!(hcas = hcas.len(), gpus = gpus.len(), root = %root.display(), "discovery done");
@@ -449,7 +467,7 @@ fn read_gpu(
     proc_root: Option<&Path>,
     address: &str,
     index: u32,
-) -> Result<Gpu, DeviceError> {
+) -> Result<(Gpu, bool), DeviceError> {
     let link = root.join("bus/pci/devices").join(address);
     let func = resolve_function(root, &link)?;
     let device_id = read_hex16(&func.dir.join("device"))?;
@@ -472,7 +490,7 @@ fn read_gpu(
         })
         .map(|text| parse_nvidia_information(&text))
         .unwrap_or_default();
-    Ok(Gpu {
+    let gpu = Gpu {
         pci_address: func.address,
         index: info.minor.unwrap_or(index),
         uuid: info.uuid,
@@ -484,7 +502,8 @@ fn read_gpu(
             Health::Unhealthy
         },
         pci_path: func.pci_path,
-    })
+    };
+    Ok((gpu, info.minor.is_some()))
 }
 
 /// What the NVIDIA driver says of one GPU in `/proc/driver/nvidia/gpus/<bdf>/information`.

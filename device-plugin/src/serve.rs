@@ -501,7 +501,8 @@ struct Managed {
     /// Inode of the socket our server bound, to tell our socket from a replacement.
     socket_ino: Option<u64>,
     registration: Option<JoinHandle<u32>>,
-    /// Since when the current registration has been trying (cleared once it succeeded).
+    /// Since when this resource has been without an accepted registration (serving or not);
+    /// cleared only when a registration succeeds.
     registering_since: Option<Instant>,
     failures: u32,
     retry_at: Option<Instant>,
@@ -533,6 +534,9 @@ impl Supervisor {
     async fn start(&mut self, i: usize) {
         let m = &mut self.resources[i];
         if let Some(task) = m.registration.take() {
+            if task.is_finished() {
+                m.registering_since = None;
+            }
             task.abort();
         }
         if let Some(server) = m.server.take() {
@@ -548,6 +552,8 @@ impl Supervisor {
                 self.register(i);
             }
             Err(error) => {
+                // A socket that cannot be bound (the plugin directory is gone) is unregistered too.
+                m.registering_since.get_or_insert_with(Instant::now);
                 m.failures = m.failures.saturating_add(1);
                 let delay = self.backoff.delay(m.failures);
                 tracing::error!(resource = %m.name(), %error, retry_in = ?delay,
@@ -563,14 +569,16 @@ impl Supervisor {
         if m.server.is_none() {
             return;
         }
-        let unfinished = m.registration.take().filter(|task| !task.is_finished());
-        if unfinished.is_none() {
-            // A registration still trying keeps its start: churn must not postpone the exit.
-            m.registering_since = Some(Instant::now());
-        }
-        if let Some(task) = unfinished {
+        if let Some(task) = m.registration.take() {
+            if task.is_finished() {
+                // It succeeded (registration retries until it does): a new one starts the clock.
+                m.registering_since = None;
+            }
             task.abort();
         }
+        // A registration still trying (or a server that failed to start) keeps its start: churn
+        // must not postpone the exit.
+        m.registering_since.get_or_insert_with(Instant::now);
         let request = registration::register_request(m.name(), &m.socket_name);
         let kubelet_socket = self.kubelet_socket.clone();
         let backoff = self.backoff;

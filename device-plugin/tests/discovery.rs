@@ -165,6 +165,27 @@ fn gpu_minor_and_uuid_come_from_the_driver_and_an_unbound_gpu_is_unhealthy() {
         )
         .unwrap();
     }
+    // Only two of eight GPUs numbered by the driver: mixing numberings could give two GPUs one N,
+    // so PCI order for all (the UUIDs are still the driver's).
+    let partial = discover_with(dir.path(), Some(proc.path()), &NicSelector::default()).unwrap();
+    let indexes: Vec<u32> = partial.gpus.iter().map(|g| g.index).collect();
+    assert_eq!(indexes, (0..8).collect::<Vec<u32>>());
+    for (bdf, minor) in [
+        ("0000:52:00.0", 2),
+        ("0000:61:00.0", 3),
+        ("0000:9d:00.0", 4),
+        ("0000:c3:00.0", 5),
+        ("0000:d1:00.0", 6),
+        ("0000:df:00.0", 7),
+    ] {
+        let info = proc.path().join("driver/nvidia/gpus").join(bdf);
+        fs::create_dir_all(&info).unwrap();
+        fs::write(
+            info.join("information"),
+            format!("Device Minor: \t {minor}\n"),
+        )
+        .unwrap();
+    }
     let inv = discover_with(dir.path(), Some(proc.path()), &NicSelector::default()).unwrap();
     let gpu = |bdf: &str| inv.gpus.iter().find(|g| g.pci_address == bdf).unwrap();
     assert_eq!(

@@ -718,3 +718,28 @@ async fn a_gpu_without_its_device_node_is_unhealthy() {
         .expect("Healthy once the node is back");
     daemon.stop().await.expect("clean stop");
 }
+
+/// The plugin directory itself gone (deleted on the host): our sockets cannot even be bound, and
+/// the daemon still exits after the limit instead of retrying forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exits_when_the_plugin_directory_is_gone() {
+    let node = Node::dgx();
+    let kubelet = KubeletEmulator::start(&node.plugin_dir)
+        .await
+        .expect("emulator");
+    let mut options = node.options(fast_config());
+    options.liveness_interval = Duration::from_millis(50);
+    options.exit_after_unregistered = Some(Duration::from_millis(500));
+    let daemon = Daemon::start(options);
+    kubelet
+        .wait_for_resources(&ALL, WAIT)
+        .await
+        .expect("registered");
+    drop(kubelet);
+    std::fs::remove_dir_all(&node.plugin_dir).expect("remove the plugin directory");
+    let err = daemon.stop_when_done().await.expect_err("exits");
+    assert!(
+        err.to_string().contains("not registered with the kubelet"),
+        "{err}"
+    );
+}

@@ -5,8 +5,9 @@
 # rfe2e0 (the only interface `up` creates; pods' veths hang off it), the cgroup subtree
 # /rocefabric-e2e, the CNI network namespaces of its pods, and the iptables chains kube-proxy and
 # the kubelet add (recorded before start, removed by `down`). The machine's own interfaces, routes,
-# MTUs and sysctls are never touched: the bridge plugin runs with isGateway=false (so it does not
-# turn on ip_forward), kube-proxy with conntrack sizing and localhost node ports off.
+# MTUs are never touched: the bridge plugin runs with isGateway=false (so it does not turn on
+# ip_forward), kube-proxy with conntrack sizing and localhost node ports off. The kubelet sets a few
+# kernel tunables (vm.overcommit_memory, kernel.panic, ...): `up` records them, `down` restores them.
 
 set -euo pipefail
 
@@ -41,6 +42,9 @@ KUBECONFIG_ADMIN=$STATE/kubeconfig
 # Fixed in the kubelet (pluginapi.DevicePluginPath), not under --root-dir.
 DEVICE_PLUGIN_DIR=/var/lib/kubelet/device-plugins
 
+# Kernel tunables the kubelet sets (protectKernelDefaults off); `down` puts them back.
+KUBELET_SYSCTLS=(vm/overcommit_memory vm/panic_on_oom kernel/panic kernel/panic_on_oops kernel/keys/root_maxkeys kernel/keys/root_maxbytes)
+
 # Components in start order; `down` stops them in reverse.
 COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet kube-proxy)
 
@@ -50,12 +54,16 @@ die() {
   exit 1
 }
 
+# The pid of a component we started, only while that pid still runs the program we started (a pid
+# file left from before a reboot must never make us signal an unrelated process).
 pid_of() {
   local file=$PIDS/$1.pid
   [ -f "$file" ] || return 1
-  local pid
+  local pid exe
   pid=$(cat "$file")
   kill -0 "$pid" 2>/dev/null || return 1
+  exe=$(readlink "/proc/$pid/exe" 2>/dev/null) || return 1
+  [ "$exe" = "$(cat "$PIDS/$1.exe" 2>/dev/null)" ] || return 1
   echo "$pid"
 }
 
@@ -66,6 +74,7 @@ start() {
   local name=$1
   shift
   mkdir -p "$LOGS" "$PIDS"
+  readlink -f "$(command -v "$1")" >"$PIDS/$name.exe"
   setsid "$@" >>"$LOGS/$name.log" 2>&1 </dev/null &
   echo $! >"$PIDS/$name.pid"
 }

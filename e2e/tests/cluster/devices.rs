@@ -317,7 +317,16 @@ fn device_plugin_on_the_real_kubelet() {
 
         // The kubelet restarts (deleting every plugin socket): the daemon re-registers and the
         // capacity returns; the running pod keeps its devices.
+        let kubelet_sock = local.plugin_dir.join("kubelet.sock");
+        // A new file (inode numbers are reused at once on ext4, change times are not).
+        let created = || {
+            use std::os::unix::fs::MetadataExt;
+            let m = std::fs::metadata(&kubelet_sock).expect("kubelet.sock");
+            (m.ino(), m.ctime(), m.ctime_nsec())
+        };
+        let before = created();
         local.restart("kubelet").expect("kubelet restart");
+        assert_ne!(created(), before, "the new kubelet made a new kubelet.sock");
         expected
             .wait(client, &node, "after a kubelet restart")
             .await;

@@ -1,12 +1,12 @@
 //! Per fabric: render the RoceNode spec, classify its nodes and pace the rollout.
 //!
-//! A node is in progress from when its RoceNode spec is written with a generation until its
-//! status reports that generation applied. The generation is the fabric's at the last change of
-//! what the node applies (rendered QoS, NIC selection): other edits of the fabric re-roll nothing.
-//! Until then it is in progress: from the write until the status reports it applied (`QosApplied` True) or failed (`QosApplied` False or
-//! `Degraded` True). New nodes (no RoceNode yet) and nodes holding an older spec wait for a slot:
-//! at most `RolloutSpec::budget(selected)` nodes are in progress at once. Once failures for the
-//! current generation exceed the budget the rollout stops: no waiting node gets the new spec.
+//! A RoceNode spec carries the fabric's generation at the last change of what the node applies
+//! (rendered QoS, NIC selection): other edits of the fabric re-roll nothing. A node is in progress
+//! from when its spec is written until its status reports that generation applied (`QosApplied`
+//! True) or failed (`QosApplied` False or `Degraded` True). New nodes (no RoceNode yet) and nodes
+//! holding an older spec wait for a slot: at most `RolloutSpec::budget(selected)` nodes are in
+//! progress at once. Once failures for the current generation exceed the budget the rollout stops:
+//! no waiting node gets the new spec.
 
 use std::collections::HashMap;
 
