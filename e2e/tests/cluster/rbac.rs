@@ -9,7 +9,6 @@ use k8s_openapi::api::authorization::v1::{
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::api::{Api, PostParams};
-use rocefabric_api::RoceNode;
 use serde_json::json;
 
 use crate::{
@@ -309,14 +308,33 @@ fn node_agent_writes_only_its_own_rocenode() {
     let sa = format!("{RELEASE}-node");
     ctx.rt.block_on(async {
         let client = &ctx.client;
-        let roce_nodes: Api<RoceNode> = Api::all(client.clone());
-        let mine = crate::roce_node(client, &node).await;
-        let _ = roce_nodes.delete(other, &Default::default()).await;
-        let copy = RoceNode::new(other, mine.spec.clone());
-        roce_nodes
-            .create(&PostParams::default(), &copy)
-            .await
-            .expect("create another node's RoceNode");
+        crate::roce_node(client, &node).await;
+        // Another node's RoceNode that the operator keeps: a Node object (tainted, no kubelet)
+        // selected by a fabric of its own. A RoceNode without one would be deleted under the test.
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+        let fabrics: Api<rocefabric_api::RoceFabric> = Api::all(client.clone());
+        let _ = nodes.delete(other, &Default::default()).await;
+        let fake: k8s_openapi::api::core::v1::Node = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": other, "labels": {"rocefabric.io/e2e-other": "true"}},
+            "spec": {"taints": [{"key": "rocefabric.io/e2e-fake", "value": "true", "effect": "NoSchedule"}]}
+        }))
+        .expect("node");
+        crate::eventually("create the other node", || async {
+            nodes.create(&PostParams::default(), &fake).await.map(drop).map_err(|e| e.to_string())
+        })
+        .await;
+        crate::apply_value(
+            client,
+            &json!({
+                "apiVersion": "rocefabric.io/v1alpha1", "kind": "RoceFabric",
+                "metadata": {"name": "e2e-other"},
+                "spec": {"nodeSelector": {"matchLabels": {"rocefabric.io/e2e-other": "true"}}}
+            }),
+        )
+        .await
+        .expect("apply the other node's fabric");
+        crate::roce_node(client, other).await;
         let body = r#"{"status":{"lastSyncTime":"2026-01-01T00:00:00Z"}}"#;
         let patch_status = |bound: Option<&'static str>, name: &str| {
             let path = format!("/apis/rocefabric.io/v1alpha1/rocenodes/{name}/status");
@@ -348,7 +366,8 @@ fn node_agent_writes_only_its_own_rocenode() {
             "may write only the RoceNode of its own node",
             "a token bound to no node writes a RoceNode status",
         );
-        let _ = roce_nodes.delete(other, &Default::default()).await;
+        let _ = fabrics.delete("e2e-other", &Default::default()).await;
+        let _ = nodes.delete(other, &Default::default()).await;
     });
 }
 
