@@ -81,32 +81,6 @@ fn build_daemon() -> Result<PathBuf, HarnessError> {
         .ok_or(HarnessError::NoExecutable(DAEMON_BIN))
 }
 
-/// Create the device nodes a DGX-like node has (as empty files) under `dev_root`, so the daemon's
-/// check that granted device nodes exist passes: `infiniband/uverbs0..uverbs{uverbs}`,
-/// `infiniband/rdma_cm`, `nvidia0..nvidia{gpus}`, `nvidiactl`, `nvidia-uvm`, `nvidia-uvm-tools`.
-pub fn fake_dev(dev_root: &Path, uverbs: u32, gpus: u32) -> Result<(), HarnessError> {
-    let touch = |p: PathBuf| -> Result<(), HarnessError> {
-        if let Some(parent) = p.parent() {
-            fs::create_dir_all(parent).map_err(|source| HarnessError::Write {
-                path: parent.to_path_buf(),
-                source,
-            })?;
-        }
-        fs::write(&p, b"").map_err(|source| HarnessError::Write { path: p, source })
-    };
-    for i in 0..uverbs {
-        touch(dev_root.join(format!("infiniband/uverbs{i}")))?;
-    }
-    touch(dev_root.join("infiniband/rdma_cm"))?;
-    for i in 0..gpus {
-        touch(dev_root.join(format!("nvidia{i}")))?;
-    }
-    for name in ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"] {
-        touch(dev_root.join(name))?;
-    }
-    Ok(())
-}
-
 /// A running daemon process, killed when dropped. Its stderr goes to a file kept for messages.
 pub struct DaemonProcess {
     child: Child,

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use rocefabric_device_plugin::fixtures::{self, FixtureNode};
 use rocefabric_device_plugin::kubelet::emulator::KubeletEmulator;
 use rocefabric_device_plugin::kubelet::pb;
-use rocefabric_e2e::node::{DaemonProcess, NetNs, daemon_binary, fake_dev};
+use rocefabric_e2e::node::{DaemonProcess, NetNs, daemon_binary};
 use rocefabric_e2e::skip;
 
 const HCA: &str = rocefabric_api::constants::HCA_RESOURCE;
@@ -72,8 +72,8 @@ impl Node {
             .write_to(&sysfs)
             .expect("write the DGX fixture");
         let dev = tmp.path().join("dev");
-        // uverbs0/1 are the irdma devices, mlx5_k has uverbs(k+2): 14 in all.
-        fake_dev(&dev, 14, 8).expect("fake /dev");
+        // uverbs0/1 are the irdma devices, mlx5_k has uverbs(k+2): 14 in all; 8 GPUs.
+        fixtures::write_dev_nodes(&FixtureNode::dgx_h100(), &dev).expect("fake /dev");
         let config = tmp.path().join("config.yaml");
         std::fs::write(&config, "pollInterval: 100ms\ntrafficClass: 106\n").expect("config");
         let plugin_dir = tmp.path().join("device-plugins");

@@ -19,7 +19,7 @@ mod operator;
 mod rbac;
 mod regions;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -388,19 +388,12 @@ fn the_suite_fabrics_are_valid() {
 }
 
 /// Poll `probe` every second until it returns `Ok`, at most `WAIT`; the last state in the panic.
-pub async fn eventually<T, F, Fut>(what: &str, probe: F) -> T
+pub async fn eventually<T, F, Fut>(what: &str, mut probe: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, String>>,
 {
-    eventually_within(what, WAIT, probe).await
-}
-
-pub async fn eventually_within<T, F, Fut>(what: &str, wait: Duration, mut probe: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, String>>,
-{
+    let wait = WAIT;
     let deadline = tokio::time::Instant::now() + wait;
     loop {
         match probe().await {
@@ -534,7 +527,5 @@ pub fn kubectl(local: Option<&LocalCluster>, args: &[&str]) -> Result<String, St
 
 /// Path of a generated CRD file.
 pub fn crd_file(name: &str) -> PathBuf {
-    Path::new(&workspace_root())
-        .join("crds")
-        .join(format!("{name}.yaml"))
+    workspace_root().join("crds").join(format!("{name}.yaml"))
 }
