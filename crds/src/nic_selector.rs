@@ -29,10 +29,11 @@ pub struct NicSelector {
 /// The identity of one RDMA NIC function as discovery sees it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NicIdentity<'a> {
-    pub vendor: u16,
-    pub device_id: u16,
-    /// Full PCI address, `0000:18:00.0`.
-    pub pci_address: &'a str,
+    /// PCI vendor id; `None` for a virtual RDMA device (Soft-RoCE), which no `vendors` entry selects.
+    pub vendor: Option<u16>,
+    pub device_id: Option<u16>,
+    /// Full PCI address, `0000:18:00.0`; `None` for a virtual RDMA device.
+    pub pci_address: Option<&'a str>,
     pub rdma_device: &'a str,
     pub netdev: Option<&'a str>,
 }
@@ -58,14 +59,15 @@ impl NicSelector {
 
     /// Whether `nic` is selected. Malformed hex values never match (see [`NicSelector::check`]).
     pub fn matches(&self, nic: &NicIdentity<'_>) -> bool {
-        let hex_any = |list: &[String], id: u16| {
-            list.is_empty() || list.iter().any(|v| parse_hex_id(v) == Some(id))
+        let hex_any = |list: &[String], id: Option<u16>| {
+            list.is_empty() || id.is_some_and(|id| list.iter().any(|v| parse_hex_id(v) == Some(id)))
         };
         let pci_any = |list: &[String]| {
             list.is_empty()
-                || list
-                    .iter()
-                    .any(|v| normalize_pci_address(v).as_deref() == Some(nic.pci_address))
+                || list.iter().any(|v| {
+                    nic.pci_address.is_some()
+                        && normalize_pci_address(v).as_deref() == nic.pci_address
+                })
         };
         let name_any = |list: &[String], name: Option<&str>| {
             list.is_empty() || name.is_some_and(|n| list.iter().any(|v| v == n))
@@ -148,9 +150,9 @@ mod tests {
 
     fn cx7<'a>() -> NicIdentity<'a> {
         NicIdentity {
-            vendor: 0x15b3,
-            device_id: 0x1021,
-            pci_address: "0000:18:00.0",
+            vendor: Some(0x15b3),
+            device_id: Some(0x1021),
+            pci_address: Some("0000:18:00.0"),
             rdma_device: "mlx5_0",
             netdev: Some("enp24s0np0"),
         }
@@ -202,6 +204,39 @@ mod tests {
             ..cx7()
         };
         assert!(!sel.matches(&nic));
+    }
+
+    #[test]
+    fn pci_identity_selectors_never_match_a_virtual_device() {
+        let rxe = NicIdentity {
+            vendor: None,
+            device_id: None,
+            pci_address: None,
+            rdma_device: "rxe0",
+            netdev: Some("eth0"),
+        };
+        for sel in [
+            NicSelector {
+                vendors: vec!["15b3".into()],
+                ..Default::default()
+            },
+            NicSelector {
+                device_ids: vec!["1021".into()],
+                ..Default::default()
+            },
+            NicSelector {
+                pci_addresses: vec!["0000:18:00.0".into()],
+                ..Default::default()
+            },
+        ] {
+            assert!(!sel.matches(&rxe), "{sel:?} selected a virtual device");
+        }
+        let by_name = NicSelector {
+            rdma_devices: vec!["rxe0".into()],
+            netdevs: vec!["eth0".into()],
+            ..Default::default()
+        };
+        assert!(by_name.matches(&rxe));
     }
 
     #[test]

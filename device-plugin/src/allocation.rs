@@ -155,15 +155,15 @@ pub enum AllocateError {
 /// The ID of replica `replica` of an HCA when each HCA is advertised `replicas` times.
 pub fn hca_device_id(hca: &Hca, replica: u32, replicas: u32) -> String {
     if replicas <= 1 {
-        hca.pci_address.clone()
+        hca.id.clone()
     } else {
-        format!("{}#{replica}", hca.pci_address)
+        format!("{}#{replica}", hca.id)
     }
 }
 
 /// The ID of a GPU + HCA pair.
 pub fn pair_device_id(gpu: &Gpu, hca: &Hca) -> String {
-    format!("{}_{}", gpu.pci_address, hca.pci_address)
+    format!("{}_{}", gpu.pci_address, hca.id)
 }
 
 /// `PCIDEVICE_<RESOURCE>`: the resource name uppercased with `.`, `/` and `-` as `_`
@@ -209,10 +209,10 @@ impl Unit<'_> {
         }
     }
 
-    /// The physical device a replica belongs to (PCI address of the HCA / GPU).
+    /// The physical device a replica belongs to (device ID of the HCA, PCI address of the GPU).
     fn key(&self) -> &str {
         match self {
-            Unit::Hca(h) => &h.pci_address,
+            Unit::Hca(h) => &h.id,
             Unit::Gpu(g) | Unit::Pair(g, _) => &g.pci_address,
         }
     }
@@ -495,9 +495,9 @@ pub fn allocate(
     for id in ids {
         match resolve(kind, &known, cfg, id)? {
             Unit::Hca(h) => {
-                hcas.insert(&h.pci_address, h);
+                hcas.insert(&h.id, h);
                 hca_ids.push((id, h));
-                granted_pci.push(&h.pci_address);
+                granted_pci.extend(h.pci_address.as_deref());
             }
             Unit::Gpu(g) => {
                 gpus.insert(g.index, g);
@@ -505,10 +505,10 @@ pub fn allocate(
             }
             Unit::Pair(g, h) => {
                 gpus.insert(g.index, g);
-                hcas.insert(&h.pci_address, h);
+                hcas.insert(&h.id, h);
                 hca_ids.push((id, h));
                 granted_pci.push(&g.pci_address);
-                granted_pci.push(&h.pci_address);
+                granted_pci.extend(h.pci_address.as_deref());
             }
         }
     }

@@ -18,6 +18,7 @@
 //!   resourceName: rdma/gpu-hca
 //! trafficClass: 106            # NCCL_IB_TC / UCX_IB_TRAFFIC_CLASS handed to workloads
 //! qosGate: auto                # auto | enabled | disabled
+//! softRoce: exclude            # exclude | include: advertise virtual RDMA devices (Soft-RoCE rxe)
 //! ```
 
 use std::fmt;
@@ -27,6 +28,8 @@ use std::time::Duration;
 use rocefabric_api::NicSelector;
 use rocefabric_api::constants::{DEFAULT_GPU_RESOURCE, GPU_HCA_RESOURCE, HCA_RESOURCE};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::model::Inventory;
 
 /// Largest accepted `hca.sharedReplicas`: each replica is one kubelet device, and beyond a few
 /// hundred pods per HCA the sharing is a configuration mistake rather than a plan.
@@ -48,6 +51,29 @@ pub struct Config {
     pub traffic_class: Option<u8>,
     /// Whether HCAs are reported Healthy only while the node's RoCE QoS is applied.
     pub qos_gate: QosGate,
+    /// Whether virtual RDMA devices (Soft-RoCE `rxe`) are served next to hardware HCAs.
+    pub soft_roce: SoftRoce,
+}
+
+/// Serving of virtual (software) RDMA devices, which have no PCI function.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum SoftRoce {
+    /// Never advertise them: a production node must not hand out a soft device that a
+    /// workload would take for one of its ConnectX ports. `discover` still lists them.
+    #[default]
+    Exclude,
+    /// Advertise them like hardware HCAs (test clusters, CI, development machines).
+    Include,
+}
+
+impl SoftRoce {
+    /// The inventory `serve` advertises: virtual HCAs removed unless included.
+    pub fn apply(self, inventory: &mut Inventory) {
+        if self == SoftRoce::Exclude {
+            inventory.hcas.retain(|h| !h.is_virtual());
+        }
+    }
 }
 
 /// The `rdma/hca` resource.
@@ -103,6 +129,7 @@ impl Default for Config {
             gpu_hca: PairConfig::default(),
             traffic_class: None,
             qos_gate: QosGate::Auto,
+            soft_roce: SoftRoce::Exclude,
         }
     }
 }

@@ -56,7 +56,7 @@ impl FabricView {
             sel.matches(&NicIdentity {
                 vendor: hca.vendor,
                 device_id: hca.device_id,
-                pci_address: &hca.pci_address,
+                pci_address: hca.pci_address.as_deref(),
                 rdma_device: &hca.name,
                 netdev: hca.netdev.as_deref(),
             })
@@ -93,10 +93,11 @@ mod tests {
 
     fn hca(name: &str, netdev: Option<&str>) -> Hca {
         Hca {
+            id: format!("0000:{name}"),
             name: name.into(),
-            pci_address: format!("0000:{name}"),
-            vendor: 0x15b3,
-            device_id: 0x1021,
+            pci_address: Some(format!("0000:{name}")),
+            vendor: Some(0x15b3),
+            device_id: Some(0x1021),
             port: 1,
             netdev: netdev.map(Into::into),
             numa_node: Some(0),
@@ -104,7 +105,7 @@ mod tests {
             uverbs: Some("uverbs0".into()),
             roce_v2_gid_index: Some(3),
             health: Health::Healthy,
-            pci_path: String::new(),
+            device_path: String::new(),
         }
     }
 

@@ -44,6 +44,7 @@ pub const VARIANTS: &[&str] = &[
     "dgx-h100-gpu-no-numa",
     "dgx-h100-gid-ipv6-first",
     "dgx-h100-no-rdma",
+    "vm-soft-roce",
 ];
 
 /// A node: PCI functions with what hangs off them.
@@ -52,6 +53,20 @@ pub struct FixtureNode {
     pub functions: Vec<PciFunction>,
     /// Entries per RDMA port GID table (mlx5 RoCE ports have 255).
     pub gid_table_len: u32,
+    /// Virtual RDMA devices (Soft-RoCE), under `devices/virtual/infiniband/`.
+    pub soft_roce: Vec<SoftRoceDevice>,
+}
+
+/// A Soft-RoCE (`rdma_rxe`) device as `rdma link add <name> type rxe netdev <parent>` makes it:
+/// no PCI function, an empty `fw_ver`, `parent` naming the netdev, a node GUID that is the
+/// parent's MAC in EUI-64 form, one port whose GID table holds RoCE v2 entries only, and rxe's
+/// `hw_counters` (no `counters/` directory).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SoftRoceDevice {
+    pub name: String,
+    /// The netdev it was added on; must be one of the node's netdevs.
+    pub parent: String,
+    pub uverbs: Option<u32>,
 }
 
 /// One PCI function and the bridges above it.
@@ -427,7 +442,51 @@ impl FixtureNode {
         FixtureNode {
             functions,
             gid_table_len: 255,
+            soft_roce: Vec::new(),
         }
+    }
+
+    /// A qemu VM as the Soft-RoCE suite boots it: one virtio-net NIC (`eth0`, 10.0.2.15) with
+    /// `rxe0` on it (`uverbs0`), no GPU, no NUMA.
+    pub fn vm_soft_roce() -> FixtureNode {
+        let mut nic = PciFunction::new(
+            "pci0000:00",
+            &[],
+            "0000:00:03.0",
+            0x1af4,
+            0x1041,
+            CLASS_ETHERNET,
+        );
+        nic.driver = Some("virtio-pci".into());
+        nic.netdevs.push(ethernet_netdev(
+            "eth0",
+            [0x52, 0x54, 0x00, 0x12, 0x34, 0x56],
+            Some(Ipv4Addr::new(10, 0, 2, 15)),
+            0,
+        ));
+        FixtureNode {
+            functions: vec![nic],
+            gid_table_len: 1024,
+            soft_roce: Vec::new(),
+        }
+        .with_soft_roce("rxe0", "eth0", Some(0))
+    }
+
+    /// A Soft-RoCE device `name` on netdev `parent` with `uverbs<uverbs>`.
+    pub fn with_soft_roce(mut self, name: &str, parent: &str, uverbs: Option<u32>) -> Self {
+        self.soft_roce.push(SoftRoceDevice {
+            name: name.to_string(),
+            parent: parent.to_string(),
+            uverbs,
+        });
+        self
+    }
+
+    fn netdev(&self, name: &str) -> Option<&Netdev> {
+        self.functions
+            .iter()
+            .flat_map(|f| f.netdevs.iter())
+            .find(|n| n.name == name)
     }
 
     /// A fixture by name (see [`VARIANTS`]).
@@ -446,6 +505,7 @@ impl FixtureNode {
                 ],
             ),
             "dgx-h100-no-rdma" => dgx.without_rdma(),
+            "vm-soft-roce" => FixtureNode::vm_soft_roce(),
             _ => return None,
         })
     }
@@ -612,6 +672,61 @@ impl FixtureNode {
             }
             self.write_function(w, f, &mut ifindex)?;
         }
+        for s in &self.soft_roce {
+            self.write_soft_roce(w, s)?;
+        }
+        Ok(())
+    }
+
+    fn write_soft_roce(&self, w: &mut Writer<'_>, s: &SoftRoceDevice) -> io::Result<()> {
+        let parent = self.netdev(&s.parent).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("soft-RoCE device {}: no netdev {}", s.name, s.parent),
+            )
+        })?;
+        let m = parent.mac;
+        let guid = u64::from_be_bytes([m[0] ^ 2, m[1], m[2], 0xff, 0xfe, m[3], m[4], m[5]]);
+        let ib = Path::new("devices/virtual/infiniband").join(&s.name);
+        w.write(&ib.join("node_type"), "1: CA\n")?;
+        w.write(&ib.join("node_guid"), &format!("{}\n", guid_text(guid)))?;
+        w.write(
+            &ib.join("sys_image_guid"),
+            &format!("{}\n", guid_text(guid)),
+        )?;
+        w.write(&ib.join("fw_ver"), "\n")?;
+        w.write(&ib.join("node_desc"), "rxe\n")?;
+        w.write(&ib.join("parent"), &format!("{}\n", s.parent))?;
+        w.symlink(&Path::new("class/infiniband").join(&s.name), &ib)?;
+        if let Some(n) = s.uverbs {
+            let uv = Path::new("devices/virtual/infiniband_verbs").join(format!("uverbs{n}"));
+            w.write(&uv.join("ibdev"), &format!("{}\n", s.name))?;
+            w.write(&uv.join("abi_version"), "2\n")?;
+            w.write(&uv.join("dev"), &format!("231:{}\n", 192 + n))?;
+            w.symlink(
+                &Path::new("class/infiniband_verbs").join(format!("uverbs{n}")),
+                &uv,
+            )?;
+        }
+        let pd = ib.join("ports/1");
+        let (state, phys) = if parent.up {
+            ("4: ACTIVE", "5: LinkUp")
+        } else {
+            ("1: DOWN", "3: Disabled")
+        };
+        w.write(&pd.join("state"), &format!("{state}\n"))?;
+        w.write(&pd.join("phys_state"), &format!("{phys}\n"))?;
+        w.write(&pd.join("link_layer"), "Ethernet\n")?;
+        w.write(&pd.join("rate"), "2.5 Gb/sec (1X SDR)\n")?;
+        for c in RXE_HW_COUNTERS {
+            w.write(&pd.join("hw_counters").join(c), "0\n")?;
+        }
+        // rxe registers RoCE v2 GIDs only, in the order the addresses were added.
+        let entries: Vec<GidEntry> = roce_gid_table(Some(parent))
+            .into_iter()
+            .filter(|e| e.gid_type == GidType::RoceV2)
+            .collect();
+        self.write_gid_table(w, &pd, &entries)?;
         Ok(())
     }
 
@@ -763,6 +878,17 @@ impl FixtureNode {
                     .and_then(|n| f.netdevs.iter().find(|d| d.name == n)),
             ),
         };
+        self.write_gid_table(w, pd, &entries)
+    }
+
+    /// `gids/<i>`, `gid_attrs/types/<i>`, `gid_attrs/ndevs/<i>` of a port: `entries` first, the
+    /// rest of the table empty (zeros, unreadable attributes).
+    fn write_gid_table(
+        &self,
+        w: &mut Writer<'_>,
+        pd: &Path,
+        entries: &[GidEntry],
+    ) -> io::Result<()> {
         let len = self.gid_table_len.max(entries.len() as u32);
         for i in 0..len {
             let gd = pd.join("gids").join(i.to_string());
@@ -791,6 +917,25 @@ impl FixtureNode {
         Ok(())
     }
 }
+
+/// The `ports/1/hw_counters` files of an rxe device (kernel 6.1).
+pub const RXE_HW_COUNTERS: &[&str] = &[
+    "sent_pkts",
+    "rcvd_pkts",
+    "duplicate_request",
+    "out_of_seq_request",
+    "rcvd_rnr_err",
+    "send_rnr_err",
+    "rcvd_seq_err",
+    "ack_deferred",
+    "retry_exceeded_err",
+    "retry_rnr_exceeded_err",
+    "completer_retry_err",
+    "send_err",
+    "link_downed",
+    "rdma_sends",
+    "rdma_recvs",
+];
 
 /// The RoCE GID table ib_core builds for a netdev: link-local v1, v2, then v1/v2 per address.
 fn roce_gid_table(netdev: Option<&Netdev>) -> Vec<GidEntry> {
@@ -939,10 +1084,12 @@ pub fn write_dev_nodes(node: &FixtureNode, dev_root: &Path) -> io::Result<()> {
         }
         fs::write(path, b"")
     };
+    let soft = node.soft_roce.iter().filter_map(|s| s.uverbs);
     for uverbs in node
         .functions
         .iter()
         .filter_map(|f| f.rdma.as_ref()?.uverbs)
+        .chain(soft)
     {
         touch(format!("infiniband/uverbs{uverbs}"))?;
     }
@@ -1001,14 +1148,16 @@ pub fn set_port_state(root: &Path, ibdev: &str, port: u32, up: bool) -> io::Resu
     };
     fs::write(pd.join("state"), format!("{state}\n"))?;
     fs::write(pd.join("phys_state"), format!("{phys}\n"))?;
-    if let Ok(entries) = fs::read_dir(ib.join("device/net")) {
-        for e in entries.flatten() {
-            fs::write(
-                e.path().join("operstate"),
-                if up { "up\n" } else { "down\n" },
-            )?;
-            fs::write(e.path().join("carrier"), if up { "1\n" } else { "0\n" })?;
-        }
+    // The function's netdevs, or a virtual device's parent.
+    let mut netdevs: Vec<PathBuf> = fs::read_dir(ib.join("device/net"))
+        .map(|rd| rd.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    if let Ok(parent) = fs::read_to_string(ib.join("parent")) {
+        netdevs.push(root.join("class/net").join(parent.trim()));
+    }
+    for n in netdevs {
+        fs::write(n.join("operstate"), if up { "up\n" } else { "down\n" })?;
+        fs::write(n.join("carrier"), if up { "1\n" } else { "0\n" })?;
     }
     Ok(())
 }

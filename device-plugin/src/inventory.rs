@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use rocefabric_api::{NicIdentity, NicSelector};
 use tracing::{debug, warn};
 
-use crate::model::{Gpu, Hca, Health, Inventory, PortState};
+use crate::model::{Gpu, Hca, Health, Inventory, PortState, virtual_hca_id};
 use crate::topology::is_bdf;
 
 /// PCI vendor id of NVIDIA.
@@ -221,12 +221,12 @@ pub fn discover_with(
     for name in dir_names(&root.join("class/infiniband")) {
         match read_hca(&root, &name, selector) {
             Ok(Some(hca)) => {
-                if let Some(other) = hcas.iter().find(|h| h.pci_address == hca.pci_address) {
+                if let Some(other) = hcas.iter().find(|h| h.id == hca.id) {
                     warn!(
                         rdma_device = %hca.name,
-                        pci_address = %hca.pci_address,
+                        id = %hca.id,
                         kept = %other.name,
-                        "skipping RDMA device: another RoCE device already uses its PCI function"
+                        "skipping RDMA device: another RoCE device already has its device ID"
                     );
                 } else {
                     hcas.push(hca);
@@ -236,7 +236,7 @@ pub fn discover_with(
             Err(error) => warn!(rdma_device = %name, %error, "skipping RDMA device"),
         }
     }
-    hcas.sort_by(|a, b| a.pci_address.cmp(&b.pci_address));
+    hcas.sort_by(|a, b| a.id.cmp(&b.id));
 
     // `/dev/nvidiaN` follows the driver's enumeration, PCI order over the functions the nvidia
     // driver owns: number every such GPU first, so one that cannot be read is skipped without
@@ -310,24 +310,29 @@ fn read_hca(root: &Path, name: &str, selector: &NicSelector) -> Result<Option<Hc
         return Ok(None);
     };
     let port_dir = ib.join("ports").join(port.to_string());
-    let func = resolve_function(root, &ib.join("device"))?;
-    let vendor = read_hex16(&func.dir.join("vendor"))?;
-    let device_id = read_hex16(&func.dir.join("device"))?;
-    let numa_node = read_numa(&func.dir)?;
+    let hw = if ib.join("device").exists() {
+        HcaHardware::pci(root, &ib)?
+    } else {
+        HcaHardware::virtual_device(root, &ib)?
+    };
     let state = read_port_state(&port_dir.join("state"))?;
-    let netdev = port_netdev(&ib, &port_dir, port);
+    let netdev = match &hw.pci_address {
+        Some(_) => port_netdev(&ib, &port_dir, port),
+        // A virtual device names its netdev in `parent` (nothing under the netdev points back).
+        None => read_parent(&ib)?,
+    };
     let identity = NicIdentity {
-        vendor,
-        device_id,
-        pci_address: &func.address,
+        vendor: hw.vendor,
+        device_id: hw.device_id,
+        pci_address: hw.pci_address.as_deref(),
         rdma_device: name,
         netdev: netdev.as_deref(),
     };
     if !selector.matches(&identity) {
-        debug!(rdma_device = %name, pci_address = %func.address, "not selected");
+        debug!(rdma_device = %name, id = %hw.id, "not selected");
         return Ok(None);
     }
-    let uverbs = find_uverbs(root, &func.dir, name);
+    let uverbs = find_uverbs(root, &ib.join("device"), name);
     let roce_v2_gid_index = netdev
         .as_deref()
         .and_then(|n| roce_v2_ipv4_gid_index(&port_dir, n));
@@ -337,19 +342,97 @@ fn read_hca(root: &Path, name: &str, selector: &NicSelector) -> Result<Option<Hc
         Health::Unhealthy
     };
     Ok(Some(Hca {
+        id: hw.id,
         name: name.to_string(),
-        pci_address: func.address,
-        vendor,
-        device_id,
+        pci_address: hw.pci_address,
+        vendor: hw.vendor,
+        device_id: hw.device_id,
         port,
         netdev,
-        numa_node,
+        numa_node: hw.numa_node,
         state,
         uverbs,
         roce_v2_gid_index,
         health,
-        pci_path: func.pci_path,
+        device_path: hw.device_path,
     }))
+}
+
+/// What an RDMA device sits on: a PCI function, or nothing (a virtual device).
+struct HcaHardware {
+    id: String,
+    pci_address: Option<String>,
+    vendor: Option<u16>,
+    device_id: Option<u16>,
+    numa_node: Option<u32>,
+    device_path: String,
+}
+
+impl HcaHardware {
+    fn pci(root: &Path, ib: &Path) -> Result<HcaHardware, DeviceError> {
+        let func = resolve_function(root, &ib.join("device"))?;
+        Ok(HcaHardware {
+            id: func.address.clone(),
+            vendor: Some(read_hex16(&func.dir.join("vendor"))?),
+            device_id: Some(read_hex16(&func.dir.join("device"))?),
+            numa_node: read_numa(&func.dir)?,
+            pci_address: Some(func.address),
+            device_path: func.pci_path,
+        })
+    }
+
+    /// A device under `devices/virtual` (rxe): identified by its node GUID, no NUMA node.
+    fn virtual_device(root: &Path, ib: &Path) -> Result<HcaHardware, DeviceError> {
+        let dir = fs::canonicalize(ib).map_err(|source| DeviceError::Read {
+            path: ib.to_path_buf(),
+            source,
+        })?;
+        let rel = dir
+            .strip_prefix(root)
+            .ok()
+            .filter(|rel| rel.starts_with("devices/virtual"))
+            .ok_or_else(|| {
+                malformed(
+                    ib,
+                    &dir.to_string_lossy(),
+                    "a PCI device link, or a virtual device under devices/virtual",
+                )
+            })?;
+        let guid_path = ib.join("node_guid");
+        let text = read(&guid_path)?;
+        let guid = parse_node_guid(&text).ok_or_else(|| {
+            malformed(
+                &guid_path,
+                text.trim(),
+                "a GUID such as 5054:00ff:fe12:3456",
+            )
+        })?;
+        Ok(HcaHardware {
+            id: virtual_hca_id(guid),
+            pci_address: None,
+            vendor: None,
+            device_id: None,
+            numa_node: None,
+            device_path: format!("/{}", rel.to_string_lossy()),
+        })
+    }
+}
+
+/// `parent` of a virtual RDMA device: its netdev (`eth0`), `None` when empty.
+fn read_parent(ib: &Path) -> Result<Option<String>, DeviceError> {
+    let text = read(&ib.join("parent"))?;
+    Ok(Some(text.trim().to_string()).filter(|n| !n.is_empty()))
+}
+
+/// `"5054:00ff:fe12:3456\n"` -> 0x505400fffe123456 (a GUID of all zeros is no identity).
+pub fn parse_node_guid(text: &str) -> Option<u64> {
+    let groups: Vec<&str> = text.trim().split(':').collect();
+    if groups.len() != 4 || groups.iter().any(|g| g.len() != 4) {
+        return None;
+    }
+    u64::from_str_radix(&groups.concat(), 16)
+        .ok()
+        .filter(|g| *g != 0)
 }
 
 /// The netdev of RoCE port `port`: the function's only netdev, else the one the port's GID

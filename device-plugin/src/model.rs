@@ -37,17 +37,22 @@ pub enum PortState {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Hca {
-    /// RDMA device name (`mlx5_0`).
+    /// The device ID advertised to the kubelet: the PCI address of a PCI function
+    /// (`0000:18:00.0`), `virtual-<node GUID>` for a virtual device (see [`virtual_hca_id`]).
+    pub id: String,
+    /// RDMA device name (`mlx5_0`, `rxe0`).
     pub name: String,
-    /// Full PCI address (`0000:18:00.0`); the device ID advertised to the kubelet.
-    pub pci_address: String,
-    pub vendor: u16,
-    pub device_id: u16,
+    /// Full PCI address (`0000:18:00.0`); `None` for a virtual (software) RDMA device such as
+    /// Soft-RoCE's rxe, which has no PCI function.
+    pub pci_address: Option<String>,
+    /// PCI vendor and device ids; `None` for a virtual device.
+    pub vendor: Option<u16>,
+    pub device_id: Option<u16>,
     /// The RoCE port number (from 1).
     pub port: u32,
     /// Netdev of the port (`enp24s0np0`), when one is bound.
     pub netdev: Option<String>,
-    /// NUMA node, `None` when sysfs says -1 or nothing.
+    /// NUMA node, `None` when sysfs says -1 or nothing (always for a virtual device).
     pub numa_node: Option<u32>,
     pub state: PortState,
     /// `uverbsN` character device name of this RDMA device.
@@ -56,9 +61,24 @@ pub struct Hca {
     pub roce_v2_gid_index: Option<u32>,
     /// Healthy when the port is ACTIVE and a uverbs device exists.
     pub health: Health,
-    /// Realpath of the PCI function under the sysfs root (`/devices/pci0000:15/.../0000:18:00.0`),
-    /// relative to the sysfs root; topology is computed from it.
-    pub pci_path: String,
+    /// Realpath of the device under the sysfs root, relative to it: its PCI function
+    /// (`/devices/pci0000:15/.../0000:18:00.0`), or `/devices/virtual/infiniband/rxe0` for a
+    /// virtual device. Topology is computed from it (a virtual device is `SYS` from everything).
+    pub device_path: String,
+}
+
+impl Hca {
+    /// A software RDMA device (Soft-RoCE) with no PCI function behind it.
+    pub fn is_virtual(&self) -> bool {
+        self.pci_address.is_none()
+    }
+}
+
+/// The device ID of a virtual RDMA device: `virtual-` and its node GUID as 16 hex digits. The
+/// GUID is the parent netdev's MAC in EUI-64 form, so the ID survives the device being deleted
+/// and re-created under another `rxeN` name, and differs between the netdevs of one node.
+pub fn virtual_hca_id(node_guid: u64) -> String {
+    format!("virtual-{node_guid:016x}")
 }
 
 /// One NVIDIA GPU (vendor 0x10de, display or 3D class).

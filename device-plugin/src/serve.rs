@@ -430,8 +430,10 @@ struct Sources {
 async fn discover(sources: &Sources, config: &Config) -> Result<Inventory, String> {
     let sources = sources.clone();
     let selector = config.hca.selector.clone();
+    let soft_roce = config.soft_roce;
     let found = tokio::task::spawn_blocking(move || {
         let mut inv = inventory::discover_with(&sources.sysfs, sources.proc.as_deref(), &selector)?;
+        soft_roce.apply(&mut inv);
         for gpu in &mut inv.gpus {
             let node = sources.dev.join(format!("nvidia{}", gpu.index));
             if gpu.health == Health::Healthy && !node.exists() {

@@ -107,12 +107,17 @@ pub fn distance(a_path: &str, a_numa: Option<u32>, b_path: &str, b_numa: Option<
 
 /// Distance between a GPU and an HCA.
 pub fn gpu_hca_distance(gpu: &Gpu, hca: &Hca) -> Distance {
-    distance(&gpu.pci_path, gpu.numa_node, &hca.pci_path, hca.numa_node)
+    distance(
+        &gpu.pci_path,
+        gpu.numa_node,
+        &hca.device_path,
+        hca.numa_node,
+    )
 }
 
 /// Distance between two HCAs.
 pub fn hca_distance(a: &Hca, b: &Hca) -> Distance {
-    distance(&a.pci_path, a.numa_node, &b.pci_path, b.numa_node)
+    distance(&a.device_path, a.numa_node, &b.device_path, b.numa_node)
 }
 
 /// Distance between two GPUs.
@@ -120,7 +125,7 @@ pub fn gpu_distance(a: &Gpu, b: &Gpu) -> Distance {
     distance(&a.pci_path, a.numa_node, &b.pci_path, b.numa_node)
 }
 
-/// The whole GPU x HCA matrix keyed by PCI addresses: `{gpu: {hca: distance}}`.
+/// The whole GPU x HCA matrix keyed by GPU PCI address and HCA ID: `{gpu: {hca: distance}}`.
 pub fn matrix(inv: &Inventory) -> BTreeMap<String, BTreeMap<String, Distance>> {
     inv.gpus
         .iter()
@@ -128,7 +133,7 @@ pub fn matrix(inv: &Inventory) -> BTreeMap<String, BTreeMap<String, Distance>> {
             let row = inv
                 .hcas
                 .iter()
-                .map(|h| (h.pci_address.clone(), gpu_hca_distance(g, h)))
+                .map(|h| (h.id.clone(), gpu_hca_distance(g, h)))
                 .collect();
             (g.pci_address.clone(), row)
         })
@@ -143,7 +148,7 @@ pub fn closest_hca<'a>(inv: &'a Inventory, gpu: &Gpu) -> Option<(&'a Hca, Distan
         .iter()
         .map(|h| (h, gpu_hca_distance(gpu, h)))
         .filter(|(_, d)| *d <= Distance::PXB)
-        .min_by(|(ha, da), (hb, db)| da.cmp(db).then_with(|| ha.pci_address.cmp(&hb.pci_address)))
+        .min_by(|(ha, da), (hb, db)| da.cmp(db).then_with(|| ha.id.cmp(&hb.id)))
 }
 
 /// Every GPU that has a rail, with its HCA, in GPU order.

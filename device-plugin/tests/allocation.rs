@@ -627,7 +627,7 @@ proptest! {
         let mut want: Vec<String> = dgx()
             .hcas
             .iter()
-            .filter(|h| behind.contains(h.pci_address.as_str()))
+            .filter(|h| behind.contains(h.id.as_str()))
             .map(|h| format!("/dev/infiniband/{}", h.uverbs.as_deref().unwrap()))
             .collect();
         want.push("/dev/infiniband/rdma_cm".into());

@@ -61,7 +61,7 @@ fn dgx_fixture_discovers_every_roce_hca() {
         .iter()
         .map(|h| {
             (
-                h.pci_address.as_str(),
+                h.id.as_str(),
                 h.name.as_str(),
                 h.netdev.as_deref().unwrap(),
                 h.numa_node.unwrap(),
@@ -85,17 +85,23 @@ fn dgx_fixture_discovers_every_roce_hca() {
         } else {
             (0x15b3, 0x1021)
         };
-        assert_eq!((h.vendor, h.device_id), (vendor, device), "{}", h.name);
-        assert!(
-            h.pci_path.starts_with("/devices/pci0000:"),
+        assert_eq!(
+            (h.vendor, h.device_id),
+            (Some(vendor), Some(device)),
             "{}",
-            h.pci_path
+            h.name
         );
-        assert!(h.pci_path.ends_with(&h.pci_address), "{}", h.pci_path);
+        assert_eq!(h.pci_address.as_deref(), Some(h.id.as_str()));
+        assert!(
+            h.device_path.starts_with("/devices/pci0000:"),
+            "{}",
+            h.device_path
+        );
+        assert!(h.device_path.ends_with(&h.id), "{}", h.device_path);
     }
     let mlx5_0 = &inv.hcas[0];
     assert_eq!(
-        mlx5_0.pci_path,
+        mlx5_0.device_path,
         "/devices/pci0000:15/0000:15:01.0/0000:16:00.0/0000:17:00.0/0000:18:00.0"
     );
 }
@@ -273,7 +279,7 @@ fn every_gpu_pairs_with_its_rail_nic() {
     let inv = discover_all(dir.path());
     let pairs: Vec<_> = topology::gpu_hca_pairs(&inv)
         .into_iter()
-        .map(|(g, h, d)| (g.pci_address.as_str(), h.pci_address.as_str(), d))
+        .map(|(g, h, d)| (g.pci_address.as_str(), h.id.as_str(), d))
         .collect();
     let want: Vec<_> = DGX_RAILS
         .iter()
@@ -779,7 +785,7 @@ fn dual_port_function_uses_its_first_roce_port_and_that_ports_netdev() {
         &inv,
         &rocefabric_device_plugin::config::Config::default(),
         None,
-        std::slice::from_ref(&h.pci_address),
+        std::slice::from_ref(&h.id),
     )
     .unwrap();
     assert_eq!(a.envs["NCCL_IB_HCA"], "=irdma0:2");

@@ -228,3 +228,25 @@ fn malformed_device_is_skipped_with_a_warning() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("mlx5_4") && err.contains("bogus"), "{err}");
 }
+
+#[test]
+fn a_soft_roce_device_is_listed_as_virtual_without_pci_fields() {
+    let v = json(&["discover", "--fixture", "vm-soft-roce", "--output", "json"]);
+    let h = &v["hcas"][0];
+    assert_eq!(h["id"], "virtual-505400fffe123456");
+    assert_eq!(h["name"], "rxe0");
+    assert_eq!(h["virtual"], true);
+    assert_eq!(h["netdev"], "eth0");
+    assert_eq!(h["roceV2GidIndex"], 1);
+    for field in ["pciAddress", "vendor", "deviceId", "numaNode", "pciPath"] {
+        assert!(h[field].is_null(), "{field}: {}", h[field]);
+    }
+    assert_eq!(h["devicePath"], "/devices/virtual/infiniband/rxe0");
+    let table = bin(&["discover", "--fixture", "vm-soft-roce"]);
+    let text = String::from_utf8_lossy(&table.stdout);
+    let row = text.lines().find(|l| l.starts_with("rxe0")).unwrap();
+    assert!(
+        row.contains("virtual-505400fffe123456") && row.contains("virtual"),
+        "{row}"
+    );
+}

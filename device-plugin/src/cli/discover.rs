@@ -21,7 +21,7 @@ use crate::topology;
 pub enum Output {
     /// HCA and GPU lists and a GPU x HCA matrix like `nvidia-smi topo -m`.
     Table,
-    /// `{hcas: [...], gpus: [...], topology: {gpuPciAddress: {hcaPciAddress: "PXB"}}, gpuHcaPairs}`.
+    /// `{hcas: [...], gpus: [...], topology: {gpuPciAddress: {hcaId: "PXB"}}, gpuHcaPairs}`.
     Json,
 }
 
@@ -91,7 +91,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 pub struct Report {
     pub hcas: Vec<HcaView>,
     pub gpus: Vec<GpuView>,
-    /// `{gpuPciAddress: {hcaPciAddress: "PXB"}}`.
+    /// `{gpuPciAddress: {hcaId: "PXB"}}` (an HCA's ID is its PCI address unless it is virtual).
     pub topology: BTreeMap<String, BTreeMap<String, Distance>>,
     /// The `rdma/gpu-hca` rails: each GPU with its closest PIX/PXB HCA.
     pub gpu_hca_pairs: Vec<PairView>,
@@ -100,12 +100,17 @@ pub struct Report {
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct HcaView {
+    /// The kubelet device ID: the PCI address, or `virtual-<node GUID>`.
+    pub id: String,
     pub name: String,
-    pub pci_address: String,
+    /// A software RDMA device (Soft-RoCE) without a PCI function: no PCI fields, no NUMA node.
+    #[serde(rename = "virtual")]
+    pub is_virtual: bool,
+    pub pci_address: Option<String>,
     /// `"0x15b3"`.
-    pub vendor: String,
+    pub vendor: Option<String>,
     /// `"0x1021"`.
-    pub device_id: String,
+    pub device_id: Option<String>,
     pub port: u32,
     pub netdev: Option<String>,
     pub numa_node: Option<u32>,
@@ -113,7 +118,10 @@ pub struct HcaView {
     pub uverbs: Option<String>,
     pub roce_v2_gid_index: Option<u32>,
     pub health: &'static str,
-    pub pci_path: String,
+    /// The PCI function's realpath under the sysfs root; `None` for a virtual device.
+    pub pci_path: Option<String>,
+    /// The device's realpath under the sysfs root (its PCI function, or `/devices/virtual/...`).
+    pub device_path: String,
 }
 
 #[derive(Debug, Serialize)]
@@ -148,7 +156,8 @@ impl Report {
                 .map(|(g, h, d)| PairView {
                     gpu_pci_address: g.pci_address.clone(),
                     gpu_index: g.index,
-                    hca_pci_address: h.pci_address.clone(),
+                    // A rail is PIX/PXB: never a virtual device, so the ID is the PCI address.
+                    hca_pci_address: h.id.clone(),
                     rdma_device: h.name.clone(),
                     distance: d,
                 })
@@ -159,10 +168,12 @@ impl Report {
 
 fn hca_view(h: &Hca) -> HcaView {
     HcaView {
+        id: h.id.clone(),
         name: h.name.clone(),
+        is_virtual: h.is_virtual(),
         pci_address: h.pci_address.clone(),
-        vendor: format!("0x{:04x}", h.vendor),
-        device_id: format!("0x{:04x}", h.device_id),
+        vendor: h.vendor.map(|v| format!("0x{v:04x}")),
+        device_id: h.device_id.map(|d| format!("0x{d:04x}")),
         port: h.port,
         netdev: h.netdev.clone(),
         numa_node: h.numa_node,
@@ -170,7 +181,8 @@ fn hca_view(h: &Hca) -> HcaView {
         uverbs: h.uverbs.clone(),
         roce_v2_gid_index: h.roce_v2_gid_index,
         health: h.health.as_str(),
-        pci_path: h.pci_path.clone(),
+        pci_path: h.pci_address.as_ref().map(|_| h.device_path.clone()),
+        device_path: h.device_path.clone(),
     }
 }
 
@@ -247,7 +259,7 @@ pub fn table(inv: &Inventory) -> String {
         let mut rows = vec![
             [
                 "NAME",
-                "PCI ADDRESS",
+                "DEVICE ID",
                 "VENDOR:DEVICE",
                 "PORT",
                 "NETDEV",
@@ -263,8 +275,11 @@ pub fn table(inv: &Inventory) -> String {
         for h in &inv.hcas {
             rows.push(vec![
                 h.name.clone(),
-                h.pci_address.clone(),
-                format!("{:04x}:{:04x}", h.vendor, h.device_id),
+                h.id.clone(),
+                match (h.vendor, h.device_id) {
+                    (Some(v), Some(d)) => format!("{v:04x}:{d:04x}"),
+                    _ => "virtual".to_string(),
+                },
                 h.port.to_string(),
                 opt(&h.netdev),
                 state_text(h.state).to_string(),

@@ -63,6 +63,18 @@ pub enum QosCommand {
     /// Apply a QoS block (the schema of RoceFabric.spec.qos) to a netdev. Exits 0 only when
     /// everything asked for holds afterwards.
     Apply(ApplyArgs),
+    /// Print the fabric counters of a netdev (PFC, CNP/ECN, RDMA transport) in the Prometheus
+    /// text format, exactly as the agent's `/metrics` exports them.
+    Counters(CountersArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct CountersArgs {
+    /// Network interface.
+    #[arg(long, value_name = "IF")]
+    pub netdev: String,
+    #[command(flatten)]
+    pub roots: RootArgs,
 }
 
 #[derive(Debug, clap::Args)]
@@ -97,7 +109,33 @@ pub fn run(args: QosArgs) -> anyhow::Result<()> {
     match args.command {
         QosCommand::Show(a) => show(a),
         QosCommand::Apply(a) => apply_cmd(a),
+        QosCommand::Counters(a) => counters_cmd(a),
     }
+}
+
+/// `qos counters`: the agent's collector, scraped once for one netdev.
+fn counters_cmd(args: CountersArgs) -> anyhow::Result<()> {
+    use std::sync::{Arc, RwLock};
+
+    use crate::qos::counters::FabricCounters;
+    use crate::qos::dcbnl::DcbOps;
+
+    drop(open(&args.netdev)?);
+    let files = NetdevFiles::resolve(&args.roots.roots(), &args.netdev);
+    let mut registry = prometheus_client::registry::Registry::default();
+    registry.register_collector(Box::new(FabricCounters::new(
+        Arc::new(RwLock::new(vec![files])),
+        Box::new(|| {
+            Netlink::open()
+                .ok()
+                .map(|n| Box::new(n.dcb) as Box<dyn DcbOps>)
+        }),
+    )));
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry)
+        .context("failed to encode the counters")?;
+    print!("{text}");
+    Ok(())
 }
 
 /// Open netlink and make sure the interface exists.

@@ -216,7 +216,12 @@ pub fn select_interfaces(
                 return None;
             };
             if default_route.contains(&netdev)
-                && !default_route::named_explicitly(selector, &netdev, &h.name, &h.pci_address)
+                && !default_route::named_explicitly(
+                    selector,
+                    &netdev,
+                    &h.name,
+                    h.pci_address.as_deref(),
+                )
             {
                 warn!(%netdev, rdma_device = %h.name,
                     "not touching the node's default-route interface; name it in nicSelector to configure it");
@@ -225,7 +230,7 @@ pub fn select_interfaces(
             let files = NetdevFiles::known(
                 roots,
                 &netdev,
-                Some(h.pci_address.clone()),
+                h.pci_address.clone(),
                 Some(RdmaPort {
                     device: h.name.clone(),
                     port: h.port,

@@ -18,7 +18,14 @@
 //!   device's stall protection), the signature of a stuck receiver;
 //! - `rocefabric_cnp_sent_total`, `rocefabric_cnp_handled_total`,
 //!   `rocefabric_ecn_marked_packets_total{interface,rdma_device}`: the RDMA port's
-//!   `hw_counters/np_cnp_sent`, `rp_cnp_handled`, `np_ecn_marked_roce_packets`.
+//!   `hw_counters/np_cnp_sent`, `rp_cnp_handled`, `np_ecn_marked_roce_packets`;
+//! - `rocefabric_rdma_sent_packets_total`, `rocefabric_rdma_received_packets_total`: RoCE packets
+//!   of the RDMA port (`hw_counters/sent_pkts`/`rcvd_pkts` on rxe, else the IB port counters
+//!   `counters/port_xmit_packets`/`port_rcv_packets`);
+//! - `rocefabric_rdma_duplicate_requests_total`, `rocefabric_rdma_out_of_sequence_total`,
+//!   `rocefabric_rdma_retry_exceeded_total`, `rocefabric_rdma_completer_retries_total`: the
+//!   transport's retransmission signs (`duplicate_request`; `out_of_seq_request` on rxe,
+//!   `out_of_sequence` on mlx5; `retry_exceeded_err`; `completer_retry_err`).
 //!
 //! A counter the device does not expose is left out (no zero is invented).
 
@@ -36,22 +43,56 @@ use super::dcbnl::{DcbOps, IeeePfc, MAX_PRIORITIES};
 use super::driver_files::NetdevFiles;
 use super::ethtool::{self, EthtoolError};
 
-/// `hw_counters` file names and the metric each feeds.
-const HW_COUNTERS: [(&str, &str, &str); 3] = [
+/// RDMA port counters: the files (relative to `ports/<n>/`, first readable wins) and the metric
+/// each feeds.
+const HW_COUNTERS: [(&[&str], &str, &str); 9] = [
     (
-        "np_cnp_sent",
+        &["hw_counters/np_cnp_sent"],
         "rocefabric_cnp_sent",
         "CNPs sent by the notification point (hw_counters/np_cnp_sent).",
     ),
     (
-        "rp_cnp_handled",
+        &["hw_counters/rp_cnp_handled"],
         "rocefabric_cnp_handled",
         "CNPs handled by the reaction point (hw_counters/rp_cnp_handled).",
     ),
     (
-        "np_ecn_marked_roce_packets",
+        &["hw_counters/np_ecn_marked_roce_packets"],
         "rocefabric_ecn_marked_packets",
         "ECN-marked RoCE packets received (hw_counters/np_ecn_marked_roce_packets).",
+    ),
+    (
+        &["hw_counters/sent_pkts", "counters/port_xmit_packets"],
+        "rocefabric_rdma_sent_packets",
+        "RoCE packets sent by the RDMA port (hw_counters/sent_pkts, counters/port_xmit_packets).",
+    ),
+    (
+        &["hw_counters/rcvd_pkts", "counters/port_rcv_packets"],
+        "rocefabric_rdma_received_packets",
+        "RoCE packets received by the RDMA port (hw_counters/rcvd_pkts, counters/port_rcv_packets).",
+    ),
+    (
+        &["hw_counters/duplicate_request"],
+        "rocefabric_rdma_duplicate_requests",
+        "Duplicate requests received: the sender retransmitted (hw_counters/duplicate_request).",
+    ),
+    (
+        &[
+            "hw_counters/out_of_seq_request",
+            "hw_counters/out_of_sequence",
+        ],
+        "rocefabric_rdma_out_of_sequence",
+        "Out-of-sequence packets received, a sign of loss (hw_counters/out_of_seq_request, out_of_sequence).",
+    ),
+    (
+        &["hw_counters/retry_exceeded_err"],
+        "rocefabric_rdma_retry_exceeded",
+        "QPs that ran out of transport retries (hw_counters/retry_exceeded_err).",
+    ),
+    (
+        &["hw_counters/completer_retry_err"],
+        "rocefabric_rdma_completer_retries",
+        "Requests the completer retried after a timeout or NAK (hw_counters/completer_retry_err).",
     ),
 ];
 
@@ -252,9 +293,11 @@ pub fn sample(
     };
     let hw = HW_COUNTERS
         .iter()
-        .filter_map(|(file, metric, help)| {
-            let path = files.hw_counter_path(file)?;
-            let value = fs::read_to_string(&path).ok()?.trim().parse::<u64>().ok()?;
+        .filter_map(|(candidates, metric, help)| {
+            let value = candidates.iter().find_map(|file| {
+                let path = files.rdma_port_path(file)?;
+                fs::read_to_string(&path).ok()?.trim().parse::<u64>().ok()
+            })?;
             Some((*metric, *help, value))
         })
         .collect();
@@ -684,6 +727,47 @@ mod tests {
             2,
             "{text}"
         );
+    }
+
+    #[test]
+    fn rxe_transport_counters_are_exported_from_its_hw_counters() {
+        let dir = tempfile::tempdir().unwrap();
+        crate::fixtures::FixtureNode::vm_soft_roce()
+            .write_to(dir.path())
+            .unwrap();
+        let hw = dir.path().join("class/infiniband/rxe0/ports/1/hw_counters");
+        for (file, value) in [
+            ("sent_pkts", "4021"),
+            ("rcvd_pkts", "3990"),
+            ("duplicate_request", "3"),
+            ("out_of_seq_request", "2"),
+            ("completer_retry_err", "1"),
+        ] {
+            fs::write(hw.join(file), format!("{value}\n")).unwrap();
+        }
+        let roots = Roots {
+            sysfs: dir.path().into(),
+            debugfs: dir.path().join("debug"),
+            configfs: dir.path().join("config"),
+        };
+        let targets = Arc::new(RwLock::new(vec![NetdevFiles::resolve(&roots, "eth0")]));
+        let text = scrape(
+            FabricCounters::new(targets, Box::new(|| None))
+                .with_driver_stats(Box::new(no_driver_stats)),
+        );
+        for (metric, value) in [
+            ("rocefabric_rdma_sent_packets_total", 4021),
+            ("rocefabric_rdma_received_packets_total", 3990),
+            ("rocefabric_rdma_duplicate_requests_total", 3),
+            ("rocefabric_rdma_out_of_sequence_total", 2),
+            ("rocefabric_rdma_retry_exceeded_total", 0),
+            ("rocefabric_rdma_completer_retries_total", 1),
+        ] {
+            let line = format!(r#"{metric}{{interface="eth0",rdma_device="rxe0"}} {value}"#);
+            assert!(text.contains(&line), "{line} in\n{text}");
+        }
+        // rxe has no CNP or ECN counters: none invented.
+        assert!(!text.contains("rocefabric_cnp"), "{text}");
     }
 
     #[test]

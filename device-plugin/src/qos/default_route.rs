@@ -32,13 +32,20 @@ pub fn default_route_netdevs(ipv4_routes: &str, ipv6_routes: &str) -> BTreeSet<S
 
 /// Whether `selector` names this NIC itself (its netdev, RDMA device or PCI address), rather
 /// than catching it with an empty, vendor or device-id selector.
-pub fn named_explicitly(selector: &NicSelector, netdev: &str, rdma: &str, pci: &str) -> bool {
+pub fn named_explicitly(
+    selector: &NicSelector,
+    netdev: &str,
+    rdma: &str,
+    pci: Option<&str>,
+) -> bool {
     selector.netdevs.iter().any(|n| n == netdev)
         || selector.rdma_devices.iter().any(|r| r == rdma)
-        || selector
-            .pci_addresses
-            .iter()
-            .any(|a| pci == a || pci.strip_prefix("0000:") == Some(a.as_str()))
+        || pci.is_some_and(|pci| {
+            selector
+                .pci_addresses
+                .iter()
+                .any(|a| pci == a || pci.strip_prefix("0000:") == Some(a.as_str()))
+        })
 }
 
 #[cfg(test)]
@@ -69,7 +76,7 @@ fe800000000000000000000000000000 40 00000000000000000000000000000000 00 00000000
     fn only_names_count_as_explicit() {
         let by = |s: &str| -> NicSelector { serde_json::from_str(s).unwrap() };
         let nic = ("enp24s0np0", "mlx5_0", "0000:18:00.0");
-        let explicit = |s: &NicSelector| named_explicitly(s, nic.0, nic.1, nic.2);
+        let explicit = |s: &NicSelector| named_explicitly(s, nic.0, nic.1, Some(nic.2));
         assert!(!explicit(&NicSelector::default()));
         assert!(!explicit(&by(
             r#"{"vendors": ["15b3"], "deviceIds": ["1021"]}"#

@@ -93,7 +93,8 @@ impl NetdevFiles {
             .ok()
             .and_then(|t| t.file_name().map(|n| n.to_string_lossy().into_owned()))
             .and_then(|n| normalize_pci_address(&n));
-        let rdma = find_rdma_port(&net.join("device/infiniband"), netdev);
+        let rdma = find_rdma_port(&net.join("device/infiniband"), netdev)
+            .or_else(|| find_virtual_rdma_port(&roots.sysfs, netdev));
         Self {
             roots: roots.clone(),
             netdev: netdev.to_string(),
@@ -364,8 +365,8 @@ impl NetdevFiles {
         write_attr(&path, value)
     }
 
-    /// `<sysfs>/class/infiniband/<ibdev>/ports/<n>/hw_counters/<name>`.
-    pub fn hw_counter_path(&self, name: &str) -> Option<PathBuf> {
+    /// `<sysfs>/class/infiniband/<ibdev>/ports/<n>/<relative>` (`hw_counters/sent_pkts`).
+    pub fn rdma_port_path(&self, relative: &str) -> Option<PathBuf> {
         self.rdma.as_ref().map(|r| {
             self.roots
                 .sysfs
@@ -373,14 +374,42 @@ impl NetdevFiles {
                 .join(&r.device)
                 .join("ports")
                 .join(r.port.to_string())
-                .join("hw_counters")
-                .join(name)
+                .join(relative)
         })
     }
 }
 
 /// Find the RDMA device and port of `netdev` among `<function>/infiniband/*`: the port whose
 /// `gid_attrs/ndevs/*` names the netdev, else port 1 of the only device.
+/// A virtual RDMA device (Soft-RoCE) on `netdev`: nothing under the netdev points to it, so look
+/// for a `class/infiniband` device without a `device` link whose `parent` names the netdev, or
+/// whose GID table does.
+fn find_virtual_rdma_port(sysfs: &Path, netdev: &str) -> Option<RdmaPort> {
+    let class = sysfs.join("class/infiniband");
+    let mut devices: Vec<String> = fs::read_dir(&class)
+        .ok()?
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|d| !class.join(d).join("device").exists())
+        .collect();
+    devices.sort();
+    devices.into_iter().find_map(|device| {
+        let dir = class.join(&device);
+        let parent = fs::read_to_string(dir.join("parent")).unwrap_or_default();
+        if parent.trim() == netdev {
+            return Some(RdmaPort { device, port: 1 });
+        }
+        let ndevs = dir.join("ports/1/gid_attrs/ndevs");
+        let named = fs::read_dir(ndevs)
+            .into_iter()
+            .flatten()
+            .filter_map(Result::ok)
+            .filter_map(|e| fs::read_to_string(e.path()).ok())
+            .any(|n| n.trim() == netdev);
+        named.then_some(RdmaPort { device, port: 1 })
+    })
+}
+
 fn find_rdma_port(infiniband_dir: &Path, netdev: &str) -> Option<RdmaPort> {
     let mut devices: Vec<String> = fs::read_dir(infiniband_dir)
         .ok()?
@@ -471,6 +500,46 @@ pub fn parse_trust(text: &str) -> Option<Trust> {
 #[allow(clippy::unwrap_used)] // tests fail loudly on the unexpected
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_soft_roce_parent_resolves_to_its_rxe_device_without_a_pci_function() {
+        use crate::fixtures::FixtureNode;
+        for (node, netdev) in [
+            (FixtureNode::vm_soft_roce(), "eth0"),
+            (
+                FixtureNode::dgx_h100().with_soft_roce("rxe0", "eno3", Some(14)),
+                "eno3",
+            ),
+        ] {
+            let dir = crate::fixtures::tempdir().expect("temp dir");
+            node.write_to(dir.path()).expect("fixture");
+            let roots = Roots {
+                sysfs: dir.path().to_path_buf(),
+                ..Roots::default()
+            };
+            let files = NetdevFiles::resolve(&roots, netdev);
+            assert_eq!(
+                files.rdma,
+                Some(RdmaPort {
+                    device: "rxe0".into(),
+                    port: 1
+                }),
+                "{netdev}"
+            );
+        }
+        // A ConnectX netdev keeps its own device even with an rxe elsewhere on the node.
+        let dir = crate::fixtures::tempdir().expect("temp dir");
+        FixtureNode::dgx_h100()
+            .with_soft_roce("rxe0", "eno3", Some(14))
+            .write_to(dir.path())
+            .expect("fixture");
+        let roots = Roots {
+            sysfs: dir.path().to_path_buf(),
+            ..Roots::default()
+        };
+        let files = NetdevFiles::resolve(&roots, "enp24s0np0");
+        assert_eq!(files.rdma.map(|r| r.device).as_deref(), Some("mlx5_0"));
+    }
 
     #[test]
     fn numbers_are_found_at_the_end() {

@@ -112,7 +112,7 @@ fn gated_hcas(inv: &Inventory) -> BTreeSet<String> {
                 .iter()
                 .any(|(_, host)| h.netdev.as_deref() == Some(host))
         })
-        .map(|h| h.pci_address.clone())
+        .map(|h| h.id.clone())
         .collect()
 }
 
@@ -173,7 +173,7 @@ impl Granted {
         let hcas: Vec<_> = inv
             .hcas
             .iter()
-            .filter(|h| granted.contains(&h.pci_address))
+            .filter(|h| granted.contains(&h.id))
             .collect();
         assert_eq!(
             hcas.len(),
@@ -291,10 +291,7 @@ fn device_plugin_on_the_real_kubelet() {
         let down = inv
             .hcas
             .iter()
-            .find(|h| {
-                !gated_hcas(&inv).contains(&h.pci_address)
-                    && !a.pci_addresses().contains(&h.pci_address)
-            })
+            .find(|h| !gated_hcas(&inv).contains(&h.id) && !a.pci_addresses().contains(&h.id))
             .expect("a free, ungated HCA");
         fixtures::set_port_state(&local.sysfs(), &down.name, down.port, false).expect("port down");
         wait_counts(
