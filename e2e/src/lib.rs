@@ -4,7 +4,9 @@
 //!   unix socket, and QoS on a veth pair in a network namespace the test creates;
 //! - `cluster`: the chart on a real cluster, built from source by `e2e/cluster/up` (runs when
 //!   `KUBECONFIG` points at a cluster; `ROCEFABRIC_REQUIRE_CLUSTER=1` makes a missing one a failure);
-//! - `snapshot`: `rocefabric-operator plan` over the example cluster snapshot of the README demo.
+//! - `snapshot`: `rocefabric-operator plan` over the example cluster snapshot of the README demo;
+//! - `soft_roce`: the node daemon on a real RDMA stack, Soft-RoCE in qemu VMs booted from
+//!   Debian's kernel (`e2e/vm/`; `ROCEFABRIC_REQUIRE_SOFT_ROCE=1` makes a missing qemu a failure).
 //!
 //! This library holds what the suites share: locating the workspace and the Helm engine, parsing
 //! rendered manifests, and reporting a skipped test by name. It is not used by the product.
@@ -16,6 +18,7 @@ pub mod cluster;
 pub mod helm;
 pub mod manifests;
 pub mod node;
+pub mod vm;
 
 /// The workspace root (the directory holding `Cargo.lock`, `crds/` and `charts/`).
 pub fn workspace_root() -> PathBuf {

@@ -1,0 +1,306 @@
+//! The Soft-RoCE test VM: a Debian kernel with `rdma_rxe` booted under qemu (TCG) from
+//! `e2e/vm/build`'s cached kernel and base initramfs, plus a per-run archive holding a scenario
+//! script and the project's binaries. The guest contract (what `/init` does, the
+//! `ROCEFABRIC-VM-EXIT <rc>` line) is in `e2e/vm/README.md`.
+//!
+//! A scenario reports what the test reads in sections: `=== BEGIN <name>`, the output, then
+//! `=== END <name> rc=<status>` ([`Run::section`]).
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use crate::workspace_root;
+
+/// Where the guest finds the project's binaries.
+pub const GUEST_BIN: &str = "/opt/rocefabric/bin";
+
+/// `e2e/vm/build`'s outputs.
+#[derive(Clone, Debug)]
+pub struct Image {
+    pub kernel: PathBuf,
+    pub base_initrd: PathBuf,
+}
+
+/// Build (or find cached) the kernel and base initramfs, once per process. `Err` says why the
+/// VM cannot run here (no qemu, the build failed): the suite reports it as a skip or a failure.
+pub fn image() -> Result<Image, String> {
+    static IMAGE: OnceLock<Result<Image, String>> = OnceLock::new();
+    IMAGE
+        .get_or_init(|| {
+            if which("qemu-system-x86_64").is_none() && which("apt-get").is_none() {
+                return Err("qemu-system-x86_64 is not installed".into());
+            }
+            let root = workspace_root();
+            let out = Command::new("bash")
+                .arg(root.join("e2e/vm/build"))
+                .output()
+                .map_err(|e| format!("failed to run e2e/vm/build: {e}"))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "e2e/vm/build failed: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ));
+            }
+            let dir = root.join("target/vm");
+            Ok(Image {
+                kernel: dir.join("vmlinuz"),
+                base_initrd: dir.join("base.cpio"),
+            })
+        })
+        .clone()
+}
+
+fn which(program: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|p| p.join(program))
+            .find(|p| p.is_file())
+    })
+}
+
+/// The guest's network card.
+#[derive(Clone, Debug)]
+pub enum Nic {
+    /// qemu's user-mode network (eth0 alone on its wire).
+    User,
+    /// One end of an emulated wire: a TCP socket on 127.0.0.1 that the other VM connects to.
+    Listen(u16),
+    Connect(u16),
+}
+
+/// A free TCP port on 127.0.0.1 for a [`Nic::Listen`] wire.
+pub fn free_port() -> io::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// One VM to boot.
+#[derive(Clone, Debug)]
+pub struct Guest {
+    pub name: String,
+    pub scenario: String,
+    /// Host files copied to `GUEST_BIN/<name>`, stripped of debug information.
+    pub binaries: Vec<PathBuf>,
+    pub nic: Nic,
+    pub mac: String,
+    pub cpus: u32,
+    pub memory_mib: u32,
+}
+
+impl Guest {
+    pub fn new(name: &str, scenario: &str, binaries: Vec<PathBuf>) -> Guest {
+        Guest {
+            name: name.to_string(),
+            scenario: scenario.to_string(),
+            binaries,
+            nic: Nic::User,
+            mac: "52:54:00:12:34:56".into(),
+            cpus: 2,
+            memory_mib: 1024,
+        }
+    }
+
+    /// Write the per-run archive and start qemu.
+    pub fn start(&self, image: &Image, work: &Path) -> Result<Running, String> {
+        let stage = work.join(format!("{}-root", self.name));
+        let bin = stage.join(GUEST_BIN.trim_start_matches('/'));
+        fs::create_dir_all(&bin).map_err(|e| format!("{}: {e}", bin.display()))?;
+        fs::write(stage.join("scenario"), &self.scenario).map_err(|e| e.to_string())?;
+        for b in &self.binaries {
+            let name = b.file_name().ok_or("a binary without a file name")?;
+            strip_copy(b, &bin.join(name))?;
+        }
+        let initrd = work.join(format!("{}.initrd", self.name));
+        fs::copy(&image.base_initrd, &initrd)
+            .map_err(|e| format!("{}: {e}", image.base_initrd.display()))?;
+        let lib = workspace_root().join("e2e/vm/lib.sh");
+        let appended = Command::new("bash")
+            .arg("-c")
+            .arg(r#"source "$1" && newc "$2" >>"$3""#)
+            .args([
+                "newc",
+                &path_str(&lib),
+                &path_str(&stage),
+                &path_str(&initrd),
+            ])
+            .status()
+            .map_err(|e| format!("failed to run bash: {e}"))?;
+        if !appended.success() {
+            return Err(format!("packing {} failed", stage.display()));
+        }
+        let netdev = match self.nic {
+            Nic::User => "user,id=n0".to_string(),
+            Nic::Listen(port) => format!("socket,id=n0,listen=127.0.0.1:{port}"),
+            Nic::Connect(port) => format!("socket,id=n0,connect=127.0.0.1:{port}"),
+        };
+        let console = work.join(format!("{}.console", self.name));
+        let out = fs::File::create(&console).map_err(|e| e.to_string())?;
+        let child = Command::new("qemu-system-x86_64")
+            .args(["-accel", "tcg", "-cpu", "max", "-nographic", "-no-reboot"])
+            .args([
+                "-smp",
+                &self.cpus.to_string(),
+                "-m",
+                &self.memory_mib.to_string(),
+            ])
+            .arg("-kernel")
+            .arg(&image.kernel)
+            .arg("-initrd")
+            .arg(&initrd)
+            .args(["-append", "console=ttyS0 panic=-1 quiet"])
+            .args(["-netdev", &netdev])
+            .args([
+                "-device",
+                &format!("virtio-net-pci,netdev=n0,mac={}", self.mac),
+            ])
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().map_err(|e| e.to_string())?)
+            .stderr(out)
+            .spawn()
+            .map_err(|e| format!("failed to start qemu-system-x86_64: {e}"))?;
+        Ok(Running {
+            name: self.name.clone(),
+            child,
+            console,
+            started: Instant::now(),
+        })
+    }
+}
+
+fn path_str(p: &Path) -> String {
+    p.to_string_lossy().into_owned()
+}
+
+/// `strip -o dst src` (a debug build is 100+ MB, a third of that stripped); a plain copy where
+/// binutils is missing.
+fn strip_copy(src: &Path, dst: &Path) -> Result<(), String> {
+    let stripped = Command::new("strip")
+        .arg("-o")
+        .arg(dst)
+        .arg(src)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !stripped {
+        fs::copy(src, dst).map_err(|e| format!("{}: {e}", src.display()))?;
+    }
+    Ok(())
+}
+
+/// A booted VM.
+#[derive(Debug)]
+pub struct Running {
+    name: String,
+    child: Child,
+    console: PathBuf,
+    started: Instant,
+}
+
+impl Running {
+    /// Wait for the guest to power off (killed after `timeout`) and read what it printed.
+    pub fn wait(mut self, timeout: Duration) -> Run {
+        let mut timed_out = false;
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(_)) | Err(_) => break,
+                Ok(None) if self.started.elapsed() > timeout => {
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    timed_out = true;
+                    break;
+                }
+                Ok(None) => std::thread::sleep(Duration::from_millis(100)),
+            }
+        }
+        let raw = fs::read(&self.console).unwrap_or_default();
+        let console = String::from_utf8_lossy(&raw).replace('\r', "");
+        let rc = console
+            .lines()
+            .filter_map(|l| l.split("ROCEFABRIC-VM-EXIT ").nth(1))
+            .filter_map(|rest| rest.trim().parse().ok())
+            .next_back();
+        Run {
+            name: self.name.clone(),
+            console,
+            rc,
+            timed_out,
+            elapsed: self.started.elapsed(),
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// What a VM printed, and how its scenario ended.
+#[derive(Clone, Debug)]
+pub struct Run {
+    pub name: String,
+    pub console: String,
+    /// The scenario's exit status; `None` when the guest died or timed out.
+    pub rc: Option<i32>,
+    pub timed_out: bool,
+    pub elapsed: Duration,
+}
+
+/// One `=== BEGIN`/`=== END` section of a scenario's output.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Section {
+    pub output: String,
+    pub rc: i32,
+}
+
+impl Run {
+    /// Every section by name (a repeated name keeps the last).
+    pub fn sections(&self) -> BTreeMap<String, Section> {
+        let mut out = BTreeMap::new();
+        let mut current: Option<(String, String)> = None;
+        for line in self.console.lines() {
+            // The first console line starts with the firmware's terminal escapes.
+            if let Some((_, name)) = line.split_once("=== BEGIN ") {
+                current = Some((name.trim().to_string(), String::new()));
+            } else if let Some((_, rest)) = line.split_once("=== END ") {
+                let rc = rest
+                    .rsplit_once("rc=")
+                    .and_then(|(_, rc)| rc.trim().parse().ok())
+                    .unwrap_or(-1);
+                if let Some((name, output)) = current.take() {
+                    out.insert(name, Section { output, rc });
+                }
+            } else if let Some((_, output)) = current.as_mut() {
+                output.push_str(line);
+                output.push('\n');
+            }
+        }
+        out
+    }
+
+    /// Section `name`, or a panic showing the whole console (the guest's story).
+    pub fn section(&self, name: &str) -> Section {
+        self.sections().remove(name).unwrap_or_else(|| {
+            panic!(
+                "VM {}: no section {name:?} (scenario rc {:?}, timed out {}); console:\n{}",
+                self.name, self.rc, self.timed_out, self.console
+            )
+        })
+    }
+
+    /// The JSON lines of a section (kernel messages between them are skipped).
+    pub fn json_lines(&self, name: &str) -> Vec<serde_json::Value> {
+        self.section(name)
+            .output
+            .lines()
+            .filter_map(|l| serde_json::from_str(l.trim()).ok())
+            .collect()
+    }
+}
