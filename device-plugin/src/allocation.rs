@@ -3,9 +3,11 @@
 //! (device nodes and the NCCL/UCX environment). The kubelet servers are thin adapters over this.
 //!
 //! # Device IDs
-//! - `rdma/hca`: the HCA's PCI address (`0000:18:00.0`). With `hca.sharedReplicas: N > 1` each HCA
-//!   is advertised N times as `<pci>#<k>`, `k` in `0..N` (`0000:18:00.0#2`), so every ID names
-//!   its HCA; at most 12 + 1 + 4 characters, far below the kubelet's 63.
+//! - `rdma/hca`: the HCA's ID ([`Hca::id`]): its PCI address (`0000:18:00.0`), or
+//!   `virtual-<node GUID>` for a Soft-RoCE device (24 characters). With `hca.sharedReplicas: N > 1`
+//!   each HCA is advertised N times as `<id>#<k>`, `k` in `0..N` (`0000:18:00.0#2`), so every ID
+//!   names its HCA; at most 24 + 1 + 4 characters, far below the kubelet's 63. A virtual HCA has
+//!   no PCI address, so it adds nothing to `PCIDEVICE_*`.
 //! - GPUs: the GPU's PCI address.
 //! - `rdma/gpu-hca`: one device per GPU that has a PIX/PXB HCA (see
 //!   [`topology::closest_hca`]), `<gpu pci>_<hca pci>` (`0000:1b:00.0_0000:18:00.0`, 25
@@ -490,7 +492,8 @@ pub fn allocate(
     // The HCA of each granted ID, for the error message naming the ID.
     let mut hca_ids: Vec<(&str, &Hca)> = Vec::new();
     let mut granted_pci: Vec<&str> = Vec::new();
-    // Sorted: PCI order for HCAs and GPUs, GPU order for pairs; duplicates collapse.
+    // Sorted: ID order for HCAs (PCI order, then virtual), GPU order for GPUs and pairs;
+    // duplicates collapse.
     let ids: BTreeSet<&String> = ids.iter().collect();
     for id in ids {
         match resolve(kind, &known, cfg, id)? {

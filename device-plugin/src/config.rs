@@ -81,7 +81,7 @@ impl SoftRoce {
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct HcaConfig {
     pub resource_name: String,
-    /// Each HCA is advertised this many times (device IDs `<pci>#<k>` when above 1).
+    /// Each HCA is advertised this many times (device IDs `<id>#<k>` when above 1).
     pub shared_replicas: u32,
     /// Which RoCE HCAs are served; empty serves all.
     #[serde(

@@ -7,6 +7,10 @@
 //!   with several Ethernet ports is served through its lowest-numbered one (its PCI address is its
 //!   device ID). The RoCE v2 GID index is the lowest index whose `gid_attrs/types` is `RoCE v2`,
 //!   whose GID is IPv4-mapped and whose `gid_attrs/ndevs` is the port's netdev: never assumed.
+//! - Virtual RDMA devices (Soft-RoCE `rxe`, under `devices/virtual/infiniband`) have no PCI
+//!   function: their device ID is `virtual-<node GUID>` ([`virtual_hca_id`]), their netdev the one
+//!   named in `parent`, no vendor, PCI address or NUMA node. Everything else (RoCE port, GID index,
+//!   health) is read as for hardware.
 //! - GPUs: every PCI function of vendor 0x10de with class 0x0300xx (VGA) or 0x0302xx (3D) not
 //!   bound to another driver. `N` of `/dev/nvidiaN` and the UUID come from the driver's
 //!   `/proc/driver/nvidia/gpus/<bdf>/information` when a proc root is given and the file reads;
@@ -226,7 +230,7 @@ pub fn discover_with(
                         rdma_device = %hca.name,
                         id = %hca.id,
                         kept = %other.name,
-                        "skipping RDMA device: another RoCE device already has its device ID"
+                        "skipping RDMA device: another RoCE device already has its device ID (virtual devices on netdevs sharing a MAC share a node GUID)"
                     );
                 } else {
                     hcas.push(hca);

@@ -76,7 +76,8 @@ impl Hca {
 
 /// The device ID of a virtual RDMA device: `virtual-` and its node GUID as 16 hex digits. The
 /// GUID is the parent netdev's MAC in EUI-64 form, so the ID survives the device being deleted
-/// and re-created under another `rxeN` name, and differs between the netdevs of one node.
+/// and re-created under another `rxeN` name. Netdevs sharing a MAC (a VLAN and its parent, bond
+/// members) give their rxe devices one GUID: discovery keeps the first and says why.
 pub fn virtual_hca_id(node_guid: u64) -> String {
     format!("virtual-{node_guid:016x}")
 }

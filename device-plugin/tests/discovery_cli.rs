@@ -37,6 +37,11 @@ fn json_output_has_the_documented_fields() {
     let h = &hcas[0];
     assert_eq!(h["name"], "mlx5_0");
     assert_eq!(h["pciAddress"], "0000:18:00.0");
+    // A PCI HCA's device ID is its PCI address; its device path is its PCI function's.
+    assert_eq!(h["id"], "0000:18:00.0");
+    assert_eq!(h["virtual"], false);
+    assert_eq!(h["pciPath"], h["devicePath"]);
+    assert!(h["pciPath"].as_str().unwrap().ends_with("/0000:18:00.0"));
     assert_eq!(h["netdev"], "enp24s0np0");
     assert_eq!(h["numaNode"], 0);
     assert_eq!(h["state"], "ACTIVE");

@@ -20,6 +20,44 @@ use crate::workspace_root;
 /// Where the guest finds the project's binaries.
 pub const GUEST_BIN: &str = "/opt/rocefabric/bin";
 
+/// When set (to anything but `0`), a VM that cannot run fails the suite instead of skipping it.
+pub const REQUIRE_ENV: &str = "ROCEFABRIC_REQUIRE_SOFT_ROCE";
+
+/// Whether a VM that cannot run must fail the suite (CI) rather than skip it.
+pub fn required() -> bool {
+    std::env::var(REQUIRE_ENV).is_ok_and(|v| !v.is_empty() && v != "0")
+}
+
+/// Held while a set of VMs runs: TCG on two host cores has no CPU to spare, and two sets at once
+/// would make guest timeouts (and RDMA retransmissions) a matter of luck.
+pub fn exclusive() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Wait until a TCP socket listens on `127.0.0.1:port` (read from `/proc/net/tcp`, without
+/// connecting: qemu's socket netdev accepts one connection only).
+pub fn wait_listening(port: u16, timeout: Duration) -> Result<(), String> {
+    let started = Instant::now();
+    let local = format!("0100007F:{port:04X}");
+    while started.elapsed() < timeout {
+        let table = fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+        // Fields: sl local_address rem_address st ...; st 0A is LISTEN.
+        let listening = table.lines().skip(1).any(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.get(1) == Some(&local.as_str()) && f.get(3) == Some(&"0A")
+        });
+        if listening {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Err(format!(
+        "nothing listens on 127.0.0.1:{port} after {timeout:?}"
+    ))
+}
+
 /// `e2e/vm/build`'s outputs.
 #[derive(Clone, Debug)]
 pub struct Image {
@@ -113,6 +151,7 @@ impl Guest {
         fs::write(stage.join("scenario"), &self.scenario).map_err(|e| e.to_string())?;
         for b in &self.binaries {
             let name = b.file_name().ok_or("a binary without a file name")?;
+            check_libraries(b, &image.base_initrd)?;
             strip_copy(b, &bin.join(name))?;
         }
         let initrd = work.join(format!("{}.initrd", self.name));
@@ -152,7 +191,9 @@ impl Guest {
             .arg(&image.kernel)
             .arg("-initrd")
             .arg(&initrd)
-            .args(["-append", "console=ttyS0 panic=-1 quiet"])
+            // loglevel=1: kernel messages would split the scenario's lines; scenarios print
+            // `dmesg` in a section of their own instead.
+            .args(["-append", "console=ttyS0 panic=-1 quiet loglevel=1"])
             .args(["-netdev", &netdev])
             .args([
                 "-device",
@@ -170,6 +211,34 @@ impl Guest {
             started: Instant::now(),
         })
     }
+}
+
+/// Fail early, naming the library, when a binary needs a shared library the base image lacks
+/// (the guest's loader would only say "not found"). The base holds what `ldd` lists for its
+/// programs, glibc and libgcc_s among them.
+fn check_libraries(binary: &Path, base: &Path) -> Result<(), String> {
+    let Ok(out) = Command::new("ldd").arg(binary).output() else {
+        return Ok(());
+    };
+    let listing = String::from_utf8_lossy(&out.stdout);
+    let base_names = fs::read(base).unwrap_or_default();
+    for lib in listing.lines().filter_map(|l| l.split_whitespace().next()) {
+        let name = lib.rsplit('/').next().unwrap_or(lib);
+        if name.starts_with("linux-vdso") || name.is_empty() {
+            continue;
+        }
+        let needle = format!("/{name}");
+        if !base_names
+            .windows(needle.len())
+            .any(|w| w == needle.as_bytes())
+        {
+            return Err(format!(
+                "{} needs {name}, which the VM image does not hold (add it to EXTRA_LIBS in e2e/vm/build)",
+                binary.display()
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn path_str(p: &Path) -> String {
@@ -221,7 +290,7 @@ impl Running {
         let rc = console
             .lines()
             .filter_map(|l| l.split("ROCEFABRIC-VM-EXIT ").nth(1))
-            .filter_map(|rest| rest.trim().parse().ok())
+            .filter_map(leading_number)
             .next_back();
         Run {
             name: self.name.clone(),
@@ -253,6 +322,12 @@ pub struct Run {
     pub elapsed: Duration,
 }
 
+/// The number at the start of `text` (a kernel message may follow it on the same line).
+fn leading_number(text: &str) -> Option<i32> {
+    let digits: String = text.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
+
 /// One `=== BEGIN`/`=== END` section of a scenario's output.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Section {
@@ -272,7 +347,7 @@ impl Run {
             } else if let Some((_, rest)) = line.split_once("=== END ") {
                 let rc = rest
                     .rsplit_once("rc=")
-                    .and_then(|(_, rc)| rc.trim().parse().ok())
+                    .and_then(|(_, rc)| leading_number(rc))
                     .unwrap_or(-1);
                 if let Some((name, output)) = current.take() {
                     out.insert(name, Section { output, rc });

@@ -17,7 +17,6 @@ use rocefabric_e2e::skip;
 use rocefabric_e2e::vm::{self, Guest, Nic, Run};
 use serde_json::Value;
 
-const REQUIRE: &str = "ROCEFABRIC_REQUIRE_SOFT_ROCE";
 /// Bound of one VM run; a healthy run takes well under a minute.
 const VM_TIMEOUT: Duration = Duration::from_secs(240);
 /// The MAC of the single VM's eth0, hence rxe0's node GUID and device ID.
@@ -29,7 +28,8 @@ const PRELUDE: &str = r#"
 B=/opt/rocefabric/bin
 IP=/usr/sbin/ip
 export RUST_LOG=warn
-section() { n=$1; shift; echo "=== BEGIN $n"; "$@" 2>&1; echo "=== END $n rc=$?"; }
+# section NAME CMD...: CMD's output between markers; returns CMD's status.
+section() { n=$1; shift; echo "=== BEGIN $n"; "$@" 2>&1; r=$?; echo "=== END $n rc=$r"; return $r; }
 uptime_s() { cut -d' ' -f1 /proc/uptime; }
 # rxe0 on eth0 with address $1, ACTIVE.
 rxe_up() {
@@ -54,6 +54,7 @@ section boot uptime_s
 section rxe rxe_up 10.0.2.15/24 || exit 10
 section gids gids
 section node-guid cat /sys/class/infiniband/rxe0/node_guid
+section dmesg-boot dmesg
 section uverbs sh -c 'for u in /sys/class/infiniband_verbs/uverbs*; do echo "${u##*/} $(cat $u/ibdev)"; done'
 section discover $B/rocefabric-device-plugin discover --output json
 
@@ -98,32 +99,40 @@ section qos-show $B/rocefabric-device-plugin qos show --netdev eth0 --output jso
 section roce-tos cat /sys/kernel/config/rdma_cm/rxe0/ports/1/default_roce_tos
 section roce-mode cat /sys/kernel/config/rdma_cm/rxe0/ports/1/default_roce_mode
 section mtu-after sh -c 'cat /sys/class/net/eth0/mtu; ibv_devinfo -d rxe0 | grep active_mtu'
+section dmesg dmesg
 exit 0
 "#;
 
-/// One end of the wire: rxe0 on 10.77.0.<n>, perftest as server (`a`) or client (`b`), then
-/// the counters as the agent exports them and as `rdma statistic` prints them.
+/// One end of the wire: rxe0 on 10.77.0.<n>, perftest as server (`a`) or client (`b`) on the
+/// GID index discovery reports, then the counters as the agent exports them and as
+/// `rdma statistic` prints them.
 fn wire_scenario(server: bool) -> String {
     let (addr, perf) = if server {
         (
             "10.77.0.1/24",
-            "ib_write_bw -d rxe0 -x 1 -n 500 -s 65536 -F",
+            r#"ib_write_bw -d rxe0 -x "$gid" -n 500 -s 65536 -F"#,
         )
     } else {
         (
             "10.77.0.2/24",
             // The server may still be booting: retry until it answers.
-            "i=0; until ib_write_bw -d rxe0 -x 1 -n 500 -s 65536 -F 10.77.0.1; do i=$((i+1)); [ $i -gt 60 ] && exit 1; sleep 1; done",
+            r#"i=0; until ib_write_bw -d rxe0 -x "$gid" -n 500 -s 65536 -F 10.77.0.1; do i=$((i+1)); [ $i -gt 60 ] && exit 1; sleep 1; done"#,
         )
     };
     format!(
         r#"
 section rxe rxe_up {addr} || exit 10
 section gids gids
+$B/rocefabric-device-plugin discover --output json >/tmp/discover.json
+gid=$(sed -n 's/.*"roceV2GidIndex": *\([0-9]*\).*/\1/p' /tmp/discover.json | head -1)
+section gid-index echo "$gid"
+[ -n "$gid" ] || exit 11
+export gid
 section perf timeout 180 sh -c '{perf}'
 sleep 1
 section counters $B/rocefabric-device-plugin qos counters --netdev eth0
 section rdma-stat /usr/sbin/rdma statistic show link rxe0/1
+section dmesg dmesg
 exit 0
 "#
     )
@@ -142,6 +151,7 @@ fn node_run(test: &str) -> Option<&'static Run> {
     let run = RUN.get_or_init(|| {
         let image = vm::image()?;
         let work = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let _one_set_at_a_time = vm::exclusive();
         let mut guest = Guest::new("node", &format!("{PRELUDE}{NODE_SCENARIO}"), binaries()?);
         guest.mac = NODE_MAC.into();
         let run = guest.start(&image, work.path())?.wait(VM_TIMEOUT);
@@ -158,6 +168,7 @@ fn wire_runs(test: &str) -> Option<&'static (Run, Run)> {
         let image = vm::image()?;
         let bins = binaries()?;
         let work = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let _one_set_at_a_time = vm::exclusive();
         let port = vm::free_port().map_err(|e| e.to_string())?;
         let end = |name: &str, server: bool, nic: Nic, mac: &str| {
             let mut g = Guest::new(
@@ -173,7 +184,7 @@ fn wire_runs(test: &str) -> Option<&'static (Run, Run)> {
         let a =
             end("a", true, Nic::Listen(port), "52:54:00:00:00:0a").start(&image, work.path())?;
         // qemu's listening socket must exist before the other end connects.
-        std::thread::sleep(Duration::from_millis(500));
+        vm::wait_listening(port, Duration::from_secs(30))?;
         let b =
             end("b", false, Nic::Connect(port), "52:54:00:00:00:0b").start(&image, work.path())?;
         let b = b.wait(VM_TIMEOUT);
@@ -191,8 +202,11 @@ fn wire_runs(test: &str) -> Option<&'static (Run, Run)> {
 fn available<T>(result: &'static Result<T, String>, test: &str) -> Option<&'static T> {
     match result {
         Ok(run) => Some(run),
-        Err(reason) if std::env::var_os(REQUIRE).is_some() => {
-            panic!("{REQUIRE} is set but the Soft-RoCE VM cannot run: {reason}")
+        Err(reason) if vm::required() => {
+            panic!(
+                "{} is set but the Soft-RoCE VM cannot run: {reason}",
+                vm::REQUIRE_ENV
+            )
         }
         Err(reason) => {
             skip("soft_roce", reason, test);
@@ -248,7 +262,7 @@ fn discovery_reports_the_rxe_device_with_its_real_gid_index() {
     let boot: f64 = ok(run, "boot").trim().parse().unwrap();
     eprintln!("soft_roce: guest uptime at the scenario's start {boot:.2} s");
     ok(run, "rxe");
-    let report: Value = serde_json::from_str(&ok(run, "discover")).expect("discover JSON");
+    let report = json_document(&ok(run, "discover"));
     let hcas = report["hcas"].as_array().expect("hcas");
     assert_eq!(hcas.len(), 1, "{report:#}");
     let h = &hcas[0];
@@ -364,6 +378,22 @@ fn only_a_container_granted_the_device_can_open_it() {
         nothing.output
     );
     assert!(
+        ![90, 91].contains(&nothing.rc),
+        "the namespace was not set up:\n{}",
+        nothing.output
+    );
+    assert!(
+        !nothing.output.contains("uverbs"),
+        "an empty /dev/infiniband: {}",
+        nothing.output
+    );
+    // libibverbs lists only the devices whose uverbs node it finds under /dev/infiniband.
+    assert!(
+        nothing.output.contains("IB device 'rxe0' wasn't found"),
+        "{}",
+        nothing.output
+    );
+    assert!(
         !nothing.output.contains("PORT_ACTIVE"),
         "{}",
         nothing.output
@@ -474,7 +504,13 @@ fn counters_after_traffic_between_two_vms_match_rdma_statistic() {
     else {
         return;
     };
-    for run in [a, b] {
+    for (run, ip) in [(a, "0a4d:0001"), (b, "0a4d:0002")] {
+        let gid: u32 = ok(run, "gid-index").trim().parse().unwrap();
+        assert_eq!(
+            gid,
+            ipv4_gid_index(run, ip),
+            "perftest ran on the index discovery chose"
+        );
         let perf = ok(run, "perf");
         assert!(perf.contains("BW average"), "{perf}");
         let stat = rdma_statistic(run);

@@ -37,7 +37,7 @@ use rocefabric_api::conditions::{self, Desired as DesiredCondition};
 use rocefabric_api::constants::{AGENT_FIELD_MANAGER, API_VERSION, condition, reason};
 use rocefabric_api::{InterfaceStatus, Knob, KnobOutcome, KnobStatus, RoceNode, RoceNodeStatus};
 use tokio::time::Instant;
-use tracing::{info, instrument, warn};
+use tracing::{debug, info, instrument, warn};
 
 use super::apply::{self, Netlink, Outcome};
 use super::default_route;
@@ -199,7 +199,9 @@ fn port_state_text(state: PortState) -> String {
 }
 
 /// The RoCE netdevs of the node's HCAs that `node.spec.nicSelector` selects, less those carrying
-/// a default route (`default_route`) unless the selector names them.
+/// a default route (`default_route`) and virtual (Soft-RoCE) devices, unless the selector names
+/// them: an rxe device left on a management or storage NIC must not get the fabric's QoS (nor turn
+/// the node's QosApplied false) because an empty or vendor-wide selector caught it.
 pub fn select_interfaces(
     roots: &Roots,
     node: &RoceNode,
@@ -215,16 +217,16 @@ pub fn select_interfaces(
                 warn!(rdma_device = %h.name, "selected HCA has no netdev; no QoS to apply");
                 return None;
             };
-            if default_route.contains(&netdev)
-                && !default_route::named_explicitly(
-                    selector,
-                    &netdev,
-                    &h.name,
-                    h.pci_address.as_deref(),
-                )
-            {
+            let named =
+                default_route::named_explicitly(selector, &netdev, &h.name, h.pci_address.as_deref());
+            if default_route.contains(&netdev) && !named {
                 warn!(%netdev, rdma_device = %h.name,
                     "not touching the node's default-route interface; name it in nicSelector to configure it");
+                return None;
+            }
+            if h.is_virtual() && !named {
+                debug!(%netdev, rdma_device = %h.name,
+                    "not touching a virtual RDMA device's netdev; name it in nicSelector to configure it");
                 return None;
             }
             let files = NetdevFiles::known(

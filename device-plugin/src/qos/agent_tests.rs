@@ -677,3 +677,41 @@ fn the_default_route_interface_is_touched_only_when_named() {
     let selected = select_interfaces(&t.roots, &node, &BTreeSet::new()).expect("discovery");
     assert_eq!(selected.len(), 1);
 }
+
+/// A Soft-RoCE device left on a non-fabric NIC is not the fabric's: an empty or vendor-wide
+/// selector leaves it alone (no QoS written to its netdev, no QosUnsupported for the node), a
+/// selector naming it configures it (a Soft-RoCE test cluster).
+#[test]
+fn a_virtual_rdma_device_is_configured_only_when_named() {
+    let dir = crate::fixtures::tempdir().expect("temp dir");
+    crate::fixtures::FixtureNode::dgx_h100()
+        .with_soft_roce("rxe0", "eno3", Some(14))
+        .write_to(dir.path())
+        .expect("fixture");
+    let roots = Roots {
+        sysfs: dir.path().to_path_buf(),
+        ..Roots::default()
+    };
+    let netdevs = |selector: NicSelector| {
+        let mut node = roce_node(1);
+        node.spec.nic_selector = selector;
+        select_interfaces(&roots, &node, &BTreeSet::new())
+            .expect("discovery")
+            .into_iter()
+            .map(|s| s.files.netdev)
+            .collect::<Vec<_>>()
+    };
+    let all = netdevs(NicSelector::default());
+    assert_eq!(all.len(), 14, "every ConnectX and irdma port: {all:?}");
+    assert!(!all.contains(&"eno3".to_string()), "{all:?}");
+    let by_name = NicSelector {
+        rdma_devices: vec!["rxe0".into()],
+        ..Default::default()
+    };
+    assert_eq!(netdevs(by_name), ["eno3"]);
+    let by_netdev = NicSelector {
+        netdevs: vec!["eno3".into()],
+        ..Default::default()
+    };
+    assert_eq!(netdevs(by_netdev), ["eno3"]);
+}

@@ -45,7 +45,7 @@ use super::ethtool::{self, EthtoolError};
 
 /// RDMA port counters: the files (relative to `ports/<n>/`, first readable wins) and the metric
 /// each feeds.
-const HW_COUNTERS: [(&[&str], &str, &str); 9] = [
+const RDMA_PORT_COUNTERS: [(&[&str], &str, &str); 9] = [
     (
         &["hw_counters/np_cnp_sent"],
         "rocefabric_cnp_sent",
@@ -291,7 +291,7 @@ pub fn sample(
         }
         None => None,
     };
-    let hw = HW_COUNTERS
+    let hw = RDMA_PORT_COUNTERS
         .iter()
         .filter_map(|(candidates, metric, help)| {
             let value = candidates.iter().find_map(|file| {
@@ -388,7 +388,7 @@ pub fn encode(samples: &[Sample], mut encoder: DescriptorEncoder<'_>) -> Result<
             }
         }
     }
-    for (_, metric, help) in HW_COUNTERS {
+    for (_, metric, help) in RDMA_PORT_COUNTERS {
         if !samples
             .iter()
             .any(|s| s.hw.iter().any(|(m, _, _)| *m == metric))

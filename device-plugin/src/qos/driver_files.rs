@@ -379,11 +379,9 @@ impl NetdevFiles {
     }
 }
 
-/// Find the RDMA device and port of `netdev` among `<function>/infiniband/*`: the port whose
-/// `gid_attrs/ndevs/*` names the netdev, else port 1 of the only device.
 /// A virtual RDMA device (Soft-RoCE) on `netdev`: nothing under the netdev points to it, so look
-/// for a `class/infiniband` device without a `device` link whose `parent` names the netdev, or
-/// whose GID table does.
+/// for a `class/infiniband` device without a `device` link whose `parent` names the netdev, then
+/// (a device on an upper netdev such as a VLAN lists it in its GID table) one whose GIDs do.
 fn find_virtual_rdma_port(sysfs: &Path, netdev: &str) -> Option<RdmaPort> {
     let class = sysfs.join("class/infiniband");
     let mut devices: Vec<String> = fs::read_dir(&class)
@@ -393,23 +391,27 @@ fn find_virtual_rdma_port(sysfs: &Path, netdev: &str) -> Option<RdmaPort> {
         .filter(|d| !class.join(d).join("device").exists())
         .collect();
     devices.sort();
-    devices.into_iter().find_map(|device| {
-        let dir = class.join(&device);
-        let parent = fs::read_to_string(dir.join("parent")).unwrap_or_default();
-        if parent.trim() == netdev {
-            return Some(RdmaPort { device, port: 1 });
-        }
-        let ndevs = dir.join("ports/1/gid_attrs/ndevs");
-        let named = fs::read_dir(ndevs)
-            .into_iter()
-            .flatten()
-            .filter_map(Result::ok)
-            .filter_map(|e| fs::read_to_string(e.path()).ok())
-            .any(|n| n.trim() == netdev);
-        named.then_some(RdmaPort { device, port: 1 })
+    let by_parent = devices.iter().find(|d| {
+        fs::read_to_string(class.join(d).join("parent")).is_ok_and(|p| p.trim() == netdev)
+    });
+    let by_gid = || {
+        devices.iter().find(|d| {
+            fs::read_dir(class.join(d).join("ports/1/gid_attrs/ndevs"))
+                .into_iter()
+                .flatten()
+                .filter_map(Result::ok)
+                .filter_map(|e| fs::read_to_string(e.path()).ok())
+                .any(|n| n.trim() == netdev)
+        })
+    };
+    by_parent.or_else(by_gid).map(|device| RdmaPort {
+        device: device.clone(),
+        port: 1,
     })
 }
 
+/// Find the RDMA device and port of `netdev` among `<function>/infiniband/*`: the port whose
+/// `gid_attrs/ndevs/*` names the netdev, else port 1 of the only device.
 fn find_rdma_port(infiniband_dir: &Path, netdev: &str) -> Option<RdmaPort> {
     let mut devices: Vec<String> = fs::read_dir(infiniband_dir)
         .ok()?

@@ -173,7 +173,7 @@ impl Granted {
         let hcas: Vec<_> = inv
             .hcas
             .iter()
-            .filter(|h| granted.contains(&h.id))
+            .filter(|h| h.pci_address.as_ref().is_some_and(|p| granted.contains(p)))
             .collect();
         assert_eq!(
             hcas.len(),
@@ -291,7 +291,13 @@ fn device_plugin_on_the_real_kubelet() {
         let down = inv
             .hcas
             .iter()
-            .find(|h| !gated_hcas(&inv).contains(&h.id) && !a.pci_addresses().contains(&h.id))
+            .find(|h| {
+                !gated_hcas(&inv).contains(&h.id)
+                    && !h
+                        .pci_address
+                        .as_ref()
+                        .is_some_and(|p| a.pci_addresses().contains(p))
+            })
             .expect("a free, ungated HCA");
         fixtures::set_port_state(&local.sysfs(), &down.name, down.port, false).expect("port down");
         wait_counts(
