@@ -251,8 +251,17 @@ impl Default for CnpSpec {
 }
 
 /// The fabric's distributed address space, carved into regions handed to pods.
+///
+/// Its geometry is fixed while the fabric exists (`regionSize` never changes, `maxRegions` only
+/// grows): running pods read their windows at start and keep using them, and a window of one
+/// geometry is not a window of another.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("string(self.regionSize) == string(oldSelf.regionSize) && self.maxRegions >= oldSelf.maxRegions")
+        .message("regionSize cannot change and maxRegions cannot shrink: running pods keep the windows they were given; create a new fabric for a new geometry")
+        .reason(Reason::FieldValueForbidden)
+)]
 pub struct SharedMemorySpec {
     /// Size of one region, a positive multiple of 4096 bytes (for example `1Gi`).
     #[x_kube(validation = Rule::new("isQuantity(string(self)) && quantity(string(self)).isInteger() && quantity(string(self)).isGreaterThan(quantity('0')) && quantity(string(self)).asInteger() % 4096 == 0")

@@ -158,6 +158,7 @@ fn apply(world: &mut World, p: &Plan) {
                 namespace,
                 pod,
                 value,
+                ..
             } => {
                 let i = pods[&(namespace.clone(), pod.clone())];
                 world.pods[i]

@@ -6,7 +6,7 @@
 //! | `ApplyRoceNode` | `PATCH /apis/rocefabric.io/v1alpha1/rocenodes/{name}?fieldManager=rocefabric-operator&force=true`, server-side apply of spec, label and controller owner reference |
 //! | `DeleteRoceNode` | `DELETE /apis/rocefabric.io/v1alpha1/rocenodes/{name}` (404 counts as done) |
 //! | `ApplyFabricStatus` | `PATCH /apis/rocefabric.io/v1alpha1/rocefabrics/{name}/status?fieldManager=rocefabric-operator&force=true`, server-side apply of the status subresource |
-//! | `AnnotatePodRegion` | `PATCH /api/v1/namespaces/{ns}/pods/{pod}?fieldManager=rocefabric-operator`, JSON merge patch of the annotation |
+//! | `AnnotatePodRegion` | `PATCH /api/v1/namespaces/{ns}/pods/{pod}?fieldManager=rocefabric-operator`, JSON merge patch of the annotation with the pod's `uid` and `resourceVersion` as preconditions (409 when the pod is not the one planned for: the write fails and the gate stays) |
 //! | `RemovePodGate` | `GET` the pod, then `PATCH` (JSON patch) `test` that `spec.schedulingGates[i].name` is ours and `remove` index `i`; nothing is sent when the gate is already gone, and the gate is kept when the pod does not carry its region annotation |
 //! | `ApplyRegionDirectory` | `PATCH /api/v1/namespaces/{ns}/configmaps/{fabric}-regions?fieldManager=rocefabric-operator&force=true` |
 //! | `DeleteRegionDirectory` | `DELETE /api/v1/namespaces/{ns}/configmaps/{fabric}-regions` (404 counts as done) |
@@ -187,9 +187,20 @@ impl Executor {
                 namespace,
                 pod,
                 value,
+                uid,
+                resource_version,
             } => {
                 let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
-                let body = json!({ "metadata": { "annotations": { REGION_ANNOTATION: value } } });
+                let mut metadata = json!({ "annotations": { REGION_ANNOTATION: value } });
+                // Preconditions: the API server refuses (409) a patch whose uid or
+                // resourceVersion differs from the stored pod's.
+                if let Some(uid) = uid {
+                    metadata["uid"] = json!(uid);
+                }
+                if let Some(rv) = resource_version {
+                    metadata["resourceVersion"] = json!(rv);
+                }
+                let body = json!({ "metadata": metadata });
                 let patched = api
                     .patch(pod, &managed_patch(), &Patch::Merge(&body))
                     .await

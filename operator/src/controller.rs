@@ -322,6 +322,7 @@ pub async fn execute_all(ctx: &Context, writes: &[Write], summary: &mut PassSumm
                     namespace,
                     pod,
                     value,
+                    ..
                 } = write
                 {
                     ctx.overlay.lock().await.record(namespace, pod, uid, value);

@@ -12,7 +12,8 @@ use rocefabric_operator::planner::directory::{
     MAX_ENTRY_BYTES,
 };
 use rocefabric_operator::planner::{
-    EventType, REGION_DIRECTORY_TOO_LARGE, REGION_REQUEST_INVALID, World, Write, plan,
+    EventType, REGION_CONFLICT, REGION_DIRECTORY_TOO_LARGE, REGION_REQUEST_INVALID, World, Write,
+    plan,
 };
 use rocefabric_operator::regions::RegionAssignment;
 use support::world::*;
@@ -379,6 +380,9 @@ fn after_a_restart_the_map_is_rebuilt_from_annotations_and_directories() {
     assert_eq!(annotated, ["p4"]);
 }
 
+/// Two pods recording one window: the older keeps it. A younger pod still behind its gate gets a
+/// new window; a running one is never rewritten (its container read the window at start): it is
+/// reported in an Event and the fabric's status instead.
 #[test]
 fn two_pods_claiming_one_window_the_older_keeps_it() {
     let shared = RegionAssignment {
@@ -390,53 +394,74 @@ fn two_pods_claiming_one_window_the_older_keeps_it() {
     .to_annotation();
     let pods = vec![
         with_annotation(
-            scheduled(pod("ns", "younger", 20, &[MEMBER], false), "n1", "10.0.0.2"),
+            scheduled(pod("ns", "running", 20, &[MEMBER], false), "n1", "10.0.0.2"),
             &shared,
         ),
         with_annotation(
             scheduled(pod("ns", "older", 10, &[MEMBER], false), "n1", "10.0.0.1"),
             &shared,
         ),
+        with_annotation(pod("ns", "gated", 25, &[MEMBER], true), &shared),
         with_annotation(pod("ns", "garbage", 30, &[MEMBER], true), "not json"),
     ];
     let mut w = world(vec![shm(4)], vec![], pods);
     let p = step(&mut w);
     assert_eq!(region_of(&w, "ns", "older").unwrap().id, 1);
     assert_eq!(
-        region_of(&w, "ns", "younger").unwrap().id,
-        0,
-        "reassigned to the lowest free window"
+        region_of(&w, "ns", "running").unwrap().id,
+        1,
+        "a running pod's window is never rewritten"
     );
-    assert_eq!(region_of(&w, "ns", "garbage").unwrap().id, 2);
-    let reassigned: Vec<_> = events(&p)
-        .into_iter()
-        .filter(|e| e.reason == reason::REGION_REASSIGNED)
-        .map(|e| {
-            (
-                e.regarding.name.clone().unwrap(),
-                e.regarding.kind.clone().unwrap(),
-                e.type_,
-                e.message.clone(),
-            )
-        })
-        .collect();
-    assert_eq!(reassigned.len(), 2);
-    assert_eq!(
-        (
-            reassigned[0].0.as_str(),
-            reassigned[0].1.as_str(),
-            reassigned[0].2
-        ),
-        ("younger", "Pod", EventType::Warning)
-    );
-    assert!(reassigned[0].3.contains("ns/older"), "{}", reassigned[0].3);
-    assert_eq!(reassigned[1].0, "garbage");
+    assert!(!p.writes.iter().any(
+        |w| matches!(w, Write::AnnotatePodRegion { pod, .. } if pod == "older" || pod == "running")
+    ));
+    let gated = region_of(&w, "ns", "gated").unwrap().id;
+    let garbage = region_of(&w, "ns", "garbage").unwrap().id;
     assert!(
-        !p.writes
-            .iter()
-            .any(|w| matches!(w, Write::AnnotatePodRegion { pod, .. } if pod == "older"))
+        gated != 1 && garbage != 1 && gated != garbage,
+        "{gated} {garbage}"
     );
-    assert!(step(&mut w).writes.is_empty());
+    let of_reason = |r: &str| -> Vec<(String, EventType, String)> {
+        events(&p)
+            .into_iter()
+            .filter(|e| e.reason == r)
+            .map(|e| {
+                (
+                    e.regarding.name.clone().unwrap(),
+                    e.type_,
+                    e.message.clone(),
+                )
+            })
+            .collect()
+    };
+    let reassigned = of_reason(reason::REGION_REASSIGNED);
+    let names: Vec<&str> = reassigned.iter().map(|(n, _, _)| n.as_str()).collect();
+    assert_eq!(names, ["gated", "garbage"]);
+    assert!(reassigned[0].2.contains("ns/older"), "{}", reassigned[0].2);
+    // Reported in the fabric's status and an Event on it, naming the pod and the older holder.
+    let conflicts = of_reason(REGION_CONFLICT);
+    assert_eq!(conflicts.len(), 1, "{conflicts:?}");
+    assert_eq!(conflicts[0].1, EventType::Warning);
+    assert!(
+        conflicts[0].2.contains("ns/running") && conflicts[0].2.contains("ns/older"),
+        "{}",
+        conflicts[0].2
+    );
+    let (state, reason_now) = condition_of(&w, "f", condition::DEGRADED);
+    assert_eq!(
+        (state.as_str(), reason_now.as_str()),
+        ("True", REGION_CONFLICT)
+    );
+    // Nothing changes on the next pass: the running pod keeps its window, no write repeats.
+    let again = step(&mut w);
+    assert!(
+        !again
+            .writes
+            .iter()
+            .any(|w| matches!(w, Write::AnnotatePodRegion { .. })),
+        "{:?}",
+        again.writes
+    );
 }
 
 #[test]
@@ -635,4 +660,39 @@ fn a_recorded_region_stays_with_its_fabric_even_when_invalid() {
         p.writes
     );
     assert_eq!(region_of(&w, "ns", "p").unwrap().fabric, "younger");
+}
+
+/// A running pod whose label no longer matches the fabric's selector (someone removed it, or the
+/// selector changed) keeps its window: it belongs to the fabric its annotation names, and its
+/// window is never handed to another pod while it exists.
+#[test]
+fn a_running_pod_that_stops_matching_the_selector_keeps_its_window() {
+    let mut w = world(
+        vec![shm(1)],
+        nodes("n", 1, &[]),
+        vec![pod("ns", "a", 0, &[MEMBER], true)],
+    );
+    step(&mut w);
+    let window = region_of(&w, "ns", "a").expect("a has a window");
+    assert!(!gated(&w, "ns", "a"));
+    let a = w
+        .pods
+        .iter_mut()
+        .find(|p| p.metadata.name.as_deref() == Some("a"))
+        .unwrap();
+    a.metadata.labels = None;
+    *a = scheduled(a.clone(), "n0", "10.0.0.1");
+    w.pods.push(pod("ns", "b", 10, &[MEMBER], true));
+    for _ in 0..3 {
+        step(&mut w);
+        w.now += Duration::from_secs(31);
+    }
+    assert_eq!(region_of(&w, "ns", "a"), Some(window), "unchanged");
+    assert!(gated(&w, "ns", "b"), "the only window is a's");
+    assert_eq!(region_of(&w, "ns", "b"), None);
+    let listed = directory_of(&w, "ns").expect("directory");
+    assert_eq!(
+        listed.iter().map(|e| e.pod.as_str()).collect::<Vec<_>>(),
+        ["a"]
+    );
 }

@@ -161,6 +161,8 @@ async fn annotation_is_patched_strictly_before_the_gate_which_is_removed_by_test
             namespace: "team".into(),
             pod: "w0".into(),
             value: value.clone(),
+            uid: Some("uid-w0".into()),
+            resource_version: Some("41".into()),
         },
         Write::RemovePodGate {
             namespace: "team".into(),
@@ -183,7 +185,9 @@ async fn annotation_is_patched_strictly_before_the_gate_which_is_removed_by_test
     );
     assert_eq!(
         annotate.body,
-        json!({"metadata": {"annotations": {"rocefabric.io/region": value}}})
+        json!({"metadata": {"uid": "uid-w0", "resourceVersion": "41",
+                            "annotations": {"rocefabric.io/region": value}}}),
+        "the pod as planned: uid and resourceVersion are preconditions"
     );
     // Until the annotation patch is answered, nothing else may be sent.
     api.assert_no_request(Duration::from_secs(2)).await;
@@ -232,6 +236,8 @@ async fn gate_is_kept_when_the_annotation_write_failed() {
             namespace: "team".into(),
             pod: "w0".into(),
             value: "{}".into(),
+            uid: None,
+            resource_version: None,
         },
         Write::RemovePodGate {
             namespace: "team".into(),

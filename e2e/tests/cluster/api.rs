@@ -4,7 +4,7 @@
 //! prints the declared columns.
 
 use kube::Client;
-use kube::api::{Api, DynamicObject, PostParams};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use rocefabric_api::RoceFabricSpec;
 use serde_json::{Value, json};
@@ -42,11 +42,49 @@ fn crd_yaml(name: &str) -> Value {
     yaml_serde::from_str(&text).expect("CRD YAML")
 }
 
+/// Update to `object` with `dryRun=All` (a JSON merge patch of the stored fabric).
+async fn dry_run_update(client: &Client, object: &Value) -> Result<Value, String> {
+    let name = object["metadata"]["name"].as_str().unwrap_or_default();
+    let params = PatchParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    fabric_api(client)
+        .patch(name, &params, &Patch::Merge(object))
+        .await
+        .map(|o| serde_json::to_value(o).unwrap_or_default())
+        .map_err(|e| e.to_string())
+}
+
+/// Create `before` for real, try updating it to `after` (dry run), delete it again.
+async fn update_of(client: &Client, before: &Value, after: &Value) -> Result<Value, String> {
+    let obj: DynamicObject = serde_json::from_value(before.clone()).map_err(|e| e.to_string())?;
+    let name = obj.metadata.name.clone().unwrap_or_default();
+    let api = fabric_api(client);
+    api.create(&PostParams::default(), &obj)
+        .await
+        .map_err(|e| format!("creating {name}: {e}"))?;
+    let result = dry_run_update(client, after).await;
+    let _ = api.delete(&name, &DeleteParams::default()).await;
+    result
+}
+
 /// A CEL rule of the CRD and an object that breaks it.
 struct CelCase {
     /// A part of the rule's message, which the server returns.
     message: &'static str,
     object: Value,
+    /// For a transition rule: the stored fabric `object` updates.
+    before: Option<Value>,
+}
+
+/// A fabric selecting no node (the operator rolls nothing out for it).
+fn idle_fabric(name: &str, shared_memory: Value) -> Value {
+    fabric(
+        name,
+        json!({"nodeSelector": {"matchLabels": {"rocefabric.io/e2e-none": "x"}},
+               "sharedMemory": shared_memory}),
+    )
 }
 
 fn cel_cases() -> Vec<CelCase> {
@@ -57,6 +95,7 @@ fn cel_cases() -> Vec<CelCase> {
                 "e2e-bad",
                 json!({"qos": {"rocePriority": 4, "pfcPriorities": [3]}}),
             ),
+            before: None,
         },
         CelCase {
             message: "cnp.dscp must differ from roceDscp",
@@ -64,14 +103,17 @@ fn cel_cases() -> Vec<CelCase> {
                 "e2e-bad",
                 json!({"qos": {"roceDscp": 48, "cnp": {"dscp": 48}}}),
             ),
+            before: None,
         },
         CelCase {
             message: "every ECN priority must be within 0..7",
             object: fabric("e2e-bad", json!({"qos": {"ecn": {"priorities": [9]}}})),
+            before: None,
         },
         CelCase {
             message: "maxUnavailable must be an integer of at least 1 or a percentage",
             object: fabric("e2e-bad", json!({"rollout": {"maxUnavailable": "0%"}})),
+            before: None,
         },
         CelCase {
             message: "regionSize must be a positive quantity of whole 4096-byte pages",
@@ -79,10 +121,34 @@ fn cel_cases() -> Vec<CelCase> {
                 "e2e-bad",
                 json!({"sharedMemory": {"regionSize": "5000", "maxRegions": 4}}),
             ),
+            before: None,
         },
         CelCase {
             message: "metadata.name must be at most 63 characters",
             object: fabric(&"x".repeat(64), json!({})),
+            before: None,
+        },
+        CelCase {
+            message: "regionSize cannot change and maxRegions cannot shrink",
+            object: idle_fabric(
+                "e2e-geometry",
+                json!({"regionSize": "2Gi", "maxRegions": 8}),
+            ),
+            before: Some(idle_fabric(
+                "e2e-geometry",
+                json!({"regionSize": "1Gi", "maxRegions": 8}),
+            )),
+        },
+        CelCase {
+            message: "regionSize cannot change and maxRegions cannot shrink",
+            object: idle_fabric(
+                "e2e-geometry-2",
+                json!({"regionSize": "1Gi", "maxRegions": 4}),
+            ),
+            before: Some(idle_fabric(
+                "e2e-geometry-2",
+                json!({"regionSize": "1Gi", "maxRegions": 8}),
+            )),
         },
     ]
 }
@@ -175,9 +241,11 @@ fn the_api_server_enforces_every_rule_and_range() {
             );
         }
         for case in &cases {
-            let err = dry_run(&ctx.client, &case.object)
-                .await
-                .expect_err(case.message);
+            let err = match &case.before {
+                None => dry_run(&ctx.client, &case.object).await,
+                Some(before) => update_of(&ctx.client, before, &case.object).await,
+            }
+            .expect_err(case.message);
             assert!(
                 err.contains(case.message),
                 "rejected with the rule's message: {err}"
@@ -212,6 +280,21 @@ fn the_api_server_enforces_every_rule_and_range() {
         )
         .await
         .expect("a valid fabric is accepted");
+        // maxRegions may grow and podSelector may change.
+        update_of(
+            &ctx.client,
+            &idle_fabric(
+                "e2e-geometry-3",
+                json!({"regionSize": "1Gi", "maxRegions": 8}),
+            ),
+            &idle_fabric(
+                "e2e-geometry-3",
+                json!({"regionSize": "1Gi", "maxRegions": 16,
+                       "podSelector": {"matchLabels": {"app": "x"}}}),
+            ),
+        )
+        .await
+        .expect("a growing space is accepted");
     });
 }
 

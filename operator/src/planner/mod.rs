@@ -23,7 +23,9 @@ pub use report::{
     FabricReport, FieldErrorReport, NodeAction, NodeReport, NodeState, PlanReport, RegionChange,
     RegionReport, WaitingPod,
 };
-pub use status::{MAX_CONFLICTING_LISTED, REGION_DIRECTORY_TOO_LARGE, REGION_REQUEST_INVALID};
+pub use status::{
+    MAX_CONFLICTING_LISTED, REGION_CONFLICT, REGION_DIRECTORY_TOO_LARGE, REGION_REQUEST_INVALID,
+};
 pub use world::{PlanOptions, World};
 pub use writes::{Event, EventType, Write};
 
@@ -91,7 +93,9 @@ pub fn plan(world: &World, opts: &PlanOptions) -> Plan {
         let target = match recorded {
             // A fabric that cannot be planned now keeps its pods as they are.
             Some(f) if !fabrics[f].active() => continue,
-            Some(f) if fabrics[f].selects_pod(pod) => Some(f),
+            // A pod belongs to the fabric its annotation names, whatever the selector says now:
+            // its container read that window at start (a removed label frees nothing).
+            Some(f) if fabrics[f].pods.is_some() => Some(f),
             _ => age.iter().copied().find(|&f| fabrics[f].selects_pod(pod)),
         };
         if let Some(f) = target.filter(|&f| fabrics[f].active()) {
@@ -231,6 +235,7 @@ pub fn plan(world: &World, opts: &PlanOptions) -> Plan {
             exhausted: regions.exhausted,
             bad_requests: regions.bad_requests,
             too_large: regions.too_large,
+            conflicts: regions.conflicts,
         };
         let (write, events) = status::valid_status(f, &facts, &now);
         status_writes.extend(write);

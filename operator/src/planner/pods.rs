@@ -96,6 +96,17 @@ impl<'w> PodRef<'w> {
     fn key(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
     }
+
+    /// Past its gate or bound to a node: its containers may have read the window, so a window it
+    /// records is never changed while it exists.
+    fn started(&self) -> bool {
+        !self.gated()
+            || self
+                .pod
+                .spec
+                .as_ref()
+                .is_some_and(|s| s.node_name.is_some())
+    }
 }
 
 /// Whether a pod holds (or may get) a region: not finished. A pod being deleted still runs
@@ -131,6 +142,8 @@ pub(crate) struct RegionsOutcome {
     pub bad_requests: Vec<(String, String)>,
     /// Namespaces whose directory is too large: namespace, regions, bytes.
     pub too_large: Vec<(String, usize, usize)>,
+    /// Started pods whose recorded window cannot be kept, left unchanged: `namespace/name`, why.
+    pub conflicts: Vec<(String, String)>,
     pub regions: Vec<RegionReport>,
     pub waiting: Vec<WaitingPod>,
 }
@@ -309,6 +322,25 @@ pub(crate) fn plan_regions(
             continue;
         };
         let outcome = allocation.outcomes[r];
+        if p.started() && !matches!(claims[i], Claim::None) && !matches!(outcome, Outcome::Kept(_))
+        {
+            let why = match (&claims[i], outcome) {
+                (Claim::Bad(why), _) => format!("its recorded window cannot be placed: {why}"),
+                (_, Outcome::Reassigned { lost, .. } | Outcome::Waiting { lost: Some(lost) }) => {
+                    let by = holder(lost)
+                        .map(|h| format!(" held by older pod {h}"))
+                        .unwrap_or_default();
+                    format!("its region {} overlaps a window{by}", lost.first)
+                }
+                _ => "its recorded window cannot be kept".to_string(),
+            };
+            if let Claim::Existing(s) = claims[i] {
+                // It still uses the window: cool it when the pod goes.
+                out.ledger.live.insert(p.key(), s);
+            }
+            out.conflicts.push((p.key(), why));
+            continue;
+        }
         let mut writes = Vec::new();
         let (slots, change) = match (outcome, &claims[i]) {
             (Outcome::Kept(s), _) => (s, RegionChange::Kept),
@@ -355,6 +387,8 @@ pub(crate) fn plan_regions(
                 namespace: p.namespace.to_string(),
                 pod: p.name.to_string(),
                 value: assignment.to_annotation(),
+                uid: p.pod.metadata.uid.clone(),
+                resource_version: p.pod.metadata.resource_version.clone(),
             });
         }
         if p.gated() {

@@ -19,6 +19,9 @@ use super::writes::{Event, EventType, Write};
 pub const REGION_REQUEST_INVALID: &str = "RegionRequestInvalid";
 /// Reason of a namespace whose region directory would exceed the size limit.
 pub const REGION_DIRECTORY_TOO_LARGE: &str = "RegionDirectoryTooLarge";
+/// Reason of running pods whose recorded windows the fabric cannot keep (overlap, or not of
+/// this fabric's geometry): left as they are, never rewritten.
+pub const REGION_CONFLICT: &str = "RegionConflict";
 /// Most names listed in a condition message.
 const LISTED: usize = 10;
 /// Most names in `status.conflictingNodes`.
@@ -40,6 +43,8 @@ pub(crate) struct Facts {
     pub exhausted: Vec<String>,
     pub bad_requests: Vec<(String, String)>,
     pub too_large: Vec<(String, usize, usize)>,
+    /// Running pods whose windows were left unchanged although the fabric cannot place them.
+    pub conflicts: Vec<(String, String)>,
 }
 
 /// List at most [`LISTED`] names, saying how many more there are.
@@ -117,6 +122,20 @@ pub(crate) fn valid_status(
         problems.push(Problem {
             reason: REGION_REQUEST_INVALID,
             detail: list(&named),
+        });
+    }
+    if !facts.conflicts.is_empty() {
+        let named: Vec<String> = facts
+            .conflicts
+            .iter()
+            .map(|(p, why)| format!("{p}: {why}"))
+            .collect();
+        problems.push(Problem {
+            reason: REGION_CONFLICT,
+            detail: format!(
+                "running pods keep windows the fabric cannot place (never rewritten): {}",
+                list(&named)
+            ),
         });
     }
     if !facts.too_large.is_empty() {

@@ -32,11 +32,16 @@ pub enum Write {
         status: RoceFabricStatus,
     },
     /// Set the pod annotation `rocefabric.io/region` to `value` (a JSON
-    /// [`RegionAssignment`](crate::regions::RegionAssignment)).
+    /// [`RegionAssignment`](crate::regions::RegionAssignment)), only on the pod as the plan saw it:
+    /// the write carries the pod's `uid` and `resourceVersion` as preconditions, so it fails
+    /// (409) on a pod re-created under the same name or changed since (another leader may have
+    /// annotated it), and the next pass re-reads instead of overwriting.
     AnnotatePodRegion {
         namespace: String,
         pod: String,
         value: String,
+        uid: Option<String>,
+        resource_version: Option<String>,
     },
     /// Remove the scheduling gate `rocefabric.io/region` from the pod. Always listed after the
     /// same pod's [`Write::AnnotatePodRegion`] when both are present; the shell must skip it when

@@ -280,6 +280,7 @@ pub fn apply_writes(world: &mut World, writes: &[Write]) {
                 namespace,
                 pod,
                 value,
+                ..
             } => {
                 let p = find_pod(world, namespace, pod);
                 p.metadata
