@@ -446,6 +446,11 @@ pub struct Cooling {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FreedRegions {
     pub(crate) fabrics: std::collections::BTreeMap<String, Ledger>,
+    /// When this memory began: the first plan after a takeover (a restart or a new leader).
+    pub(crate) since: Option<Timestamp>,
+    /// Until when no new window is handed out (`since` + grace, see
+    /// [`crate::planner::PlanOptions::hold_after_takeover`]), while that is in the future.
+    pub(crate) hold_until: Option<Timestamp>,
 }
 
 /// One fabric's memory.
@@ -476,9 +481,10 @@ impl FreedRegions {
     pub fn next_expiry(&self, now: Timestamp) -> Option<Duration> {
         self.fabrics
             .values()
-            .flat_map(|l| l.cooling.iter())
-            .filter(|c| c.until > now)
-            .map(|c| c.until.duration_since(now).unsigned_abs())
+            .flat_map(|l| l.cooling.iter().map(|c| c.until))
+            .chain(self.hold_until)
+            .filter(|until| *until > now)
+            .map(|until| until.duration_since(now).unsigned_abs())
             .min()
     }
 }

@@ -12,8 +12,8 @@ use rocefabric_operator::planner::directory::{
     MAX_ENTRY_BYTES,
 };
 use rocefabric_operator::planner::{
-    EventType, REGION_CONFLICT, REGION_DIRECTORY_TOO_LARGE, REGION_REQUEST_INVALID, World, Write,
-    plan,
+    EventType, PlanOptions, REGION_CONFLICT, REGION_DIRECTORY_TOO_LARGE, REGION_REQUEST_INVALID,
+    World, Write, plan,
 };
 use rocefabric_operator::regions::RegionAssignment;
 use support::world::*;
@@ -695,4 +695,59 @@ fn a_running_pod_that_stops_matching_the_selector_keeps_its_window() {
         listed.iter().map(|e| e.pod.as_str()).collect::<Vec<_>>(),
         ["a"]
     );
+}
+
+/// After a takeover the operator's memory of freed windows is gone: a window the previous leader
+/// freed a moment ago may be cooling and only it knew. So no new window is handed out for one
+/// grace period after the first plan; recorded windows are kept, and the pass is requeued for
+/// the end of the hold.
+#[test]
+fn after_a_takeover_new_windows_wait_one_grace_period() {
+    let pods = vec![
+        with_annotation(
+            scheduled(pod("ns", "kept", 0, &[MEMBER], false), "n0", "10.0.0.1"),
+            &RegionAssignment {
+                fabric: "f".into(),
+                id: 1,
+                base: GI,
+                size: GI,
+            }
+            .to_annotation(),
+        ),
+        pod("ns", "new", 5, &[MEMBER], true),
+    ];
+    let mut w = world(vec![shm(4)], nodes("n", 1, &[]), pods);
+    let held = PlanOptions {
+        hold_after_takeover: true,
+        ..opts()
+    };
+    let pass = |w: &mut World| {
+        let p = plan(w, &held);
+        apply(w, &p);
+        w.freed = p.freed.clone();
+        p
+    };
+    let p = pass(&mut w);
+    assert!(
+        gated(&w, "ns", "new"),
+        "no new window right after a takeover"
+    );
+    assert_eq!(p.requeue_after, Some(Duration::from_secs(30)));
+    assert_eq!(region_of(&w, "ns", "kept").unwrap().id, 1);
+    w.now += Duration::from_secs(29);
+    assert!(
+        pass(&mut w)
+            .writes
+            .iter()
+            .all(|x| !matches!(x, Write::AnnotatePodRegion { .. }))
+    );
+    w.now += Duration::from_secs(1);
+    pass(&mut w);
+    assert!(!gated(&w, "ns", "new"));
+    assert_eq!(region_of(&w, "ns", "new").unwrap().id, 0);
+    // Later pods do not wait: the hold follows the takeover only.
+    w.now += Duration::from_secs(600);
+    w.pods.push(pod("ns", "later", 700, &[MEMBER], true));
+    pass(&mut w);
+    assert!(!gated(&w, "ns", "later"));
 }

@@ -14,6 +14,7 @@ use crate::controller::{self, ControllerConfig};
 use crate::http::{self, AppState, Health};
 use crate::leader::{LeaderElector, LeaseConfig};
 use crate::metrics::Metrics;
+use crate::planner::PlanOptions;
 
 /// Log line format.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
@@ -144,6 +145,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let controller_config = ControllerConfig {
         debounce: Duration::from_millis(args.debounce_ms),
         resync: Duration::from_secs(args.resync_seconds.max(1)),
+        // A new leader cannot know which windows its predecessor freed in the last grace period.
+        plan: PlanOptions {
+            hold_after_takeover: true,
+            ..PlanOptions::default()
+        },
         ..ControllerConfig::new(identity.clone())
     };
     let controller_task = tokio::spawn(controller::run(

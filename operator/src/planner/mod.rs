@@ -29,6 +29,7 @@ pub use status::{
 pub use world::{PlanOptions, World};
 pub use writes::{Event, EventType, Write};
 
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
@@ -130,6 +131,19 @@ pub fn plan(world: &World, opts: &PlanOptions) -> Plan {
     let mut fabric_events = Vec::new();
     let mut pod_events = Vec::new();
     let mut freed = FreedRegions::default();
+    // The takeover hold: see `PlanOptions::hold_after_takeover`.
+    let since = world.freed.since.unwrap_or(world.now);
+    freed.since = Some(since);
+    freed.hold_until = opts
+        .hold_after_takeover
+        .then(|| {
+            since
+                .checked_add(
+                    SignedDuration::try_from(opts.region_grace).unwrap_or(SignedDuration::MAX),
+                )
+                .unwrap_or(Timestamp::MAX)
+        })
+        .filter(|until| *until > world.now);
     let mut report = PlanReport::default();
     let mut node_reports: Vec<NodeReport> = Vec::new();
     let no_dirs = BTreeMap::new();
@@ -203,6 +217,7 @@ pub fn plan(world: &World, opts: &PlanOptions) -> Plan {
                 world.freed.fabrics.get(f.name),
                 world.now,
                 opts.region_grace,
+                freed.hold_until,
                 opts.detailed_report,
             ),
             None => {

@@ -165,6 +165,7 @@ pub(crate) fn plan_regions(
     old: Option<&Ledger>,
     now: Timestamp,
     grace: Duration,
+    hold_until: Option<Timestamp>,
     detailed: bool,
 ) -> RegionsOutcome {
     let mut out = RegionsOutcome::default();
@@ -339,6 +340,19 @@ pub(crate) fn plan_regions(
                 out.ledger.live.insert(p.key(), s);
             }
             out.conflicts.push((p.key(), why));
+            continue;
+        }
+        if let Some(until) = hold_until
+            && !matches!(outcome, Outcome::Kept(_) | Outcome::Waiting { .. })
+        {
+            // Just took over: no new window yet (one freed by the previous leader may be cooling).
+            if detailed {
+                out.waiting.push(waiting(
+                    p,
+                    fabric.name,
+                    format!("the operator took over recently: new windows wait until {until}"),
+                ));
+            }
             continue;
         }
         let mut writes = Vec::new();

@@ -48,6 +48,11 @@ pub struct PlanOptions {
     /// Fill the per-node and per-region lists of the report (the `plan` command); the operator
     /// needs only the counts.
     pub detailed_report: bool,
+    /// After a takeover (empty memory: a restart or a new leader), hand out no new window for
+    /// one `region_grace`: a window the previous leader freed just before may still be cooling,
+    /// and only its memory knew. Recorded windows are kept as always. The operator sets it; the
+    /// `plan` command (a what-if over a snapshot) does not.
+    pub hold_after_takeover: bool,
 }
 
 impl Default for PlanOptions {
@@ -55,6 +60,7 @@ impl Default for PlanOptions {
         Self {
             region_grace: Duration::from_secs(30),
             detailed_report: false,
+            hold_after_takeover: false,
         }
     }
 }
