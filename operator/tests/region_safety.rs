@@ -283,15 +283,7 @@ impl Sim {
                             && p.metadata.name.as_deref() == Some(pod)
                     }) && annotation(t).is_some()
                     {
-                        let spec = t.spec.get_or_insert_default();
-                        let gates: Vec<_> = spec
-                            .scheduling_gates
-                            .take()
-                            .unwrap_or_default()
-                            .into_iter()
-                            .filter(|g| g.name != REGION_SCHEDULING_GATE)
-                            .collect();
-                        spec.scheduling_gates = (!gates.is_empty()).then_some(gates);
+                        remove_region_gate(t);
                         bump(t);
                     }
                 }

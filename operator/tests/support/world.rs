@@ -297,16 +297,7 @@ pub fn apply_writes(world: &mut World, writes: &[Write]) {
                         .is_some_and(|a| a.contains_key(REGION_ANNOTATION)),
                     "gate of {namespace}/{pod} removed before its region annotation"
                 );
-                let spec = p.spec.get_or_insert_default();
-                let gates: Vec<PodSchedulingGate> = spec
-                    .scheduling_gates
-                    .take()
-                    .unwrap_or_default()
-                    .into_iter()
-                    .filter(|g| g.name != REGION_SCHEDULING_GATE)
-                    .collect();
-                // An empty list reads back as absent.
-                spec.scheduling_gates = (!gates.is_empty()).then_some(gates);
+                remove_region_gate(p);
             }
             Write::ApplyRegionDirectory {
                 namespace,
@@ -328,6 +319,19 @@ pub fn apply_writes(world: &mut World, writes: &[Write]) {
             Write::Event(_) => {}
         }
     }
+}
+
+/// Remove our scheduling gate from `p`, keeping the others (an empty list reads back as absent).
+pub fn remove_region_gate(p: &mut Pod) {
+    let spec = p.spec.get_or_insert_default();
+    let gates: Vec<PodSchedulingGate> = spec
+        .scheduling_gates
+        .take()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|g| g.name != REGION_SCHEDULING_GATE)
+        .collect();
+    spec.scheduling_gates = (!gates.is_empty()).then_some(gates);
 }
 
 fn same_cm(cm: &k8s_openapi::api::core::v1::ConfigMap, namespace: &str, fabric: &str) -> bool {
