@@ -43,6 +43,12 @@ pub enum ApplyError {
     /// The gate was not removed: the pod does not carry its region annotation (yet).
     #[error("kept scheduling gate {gate} on pod {namespace}/{pod}: the pod has no {annotation} annotation", gate = REGION_SCHEDULING_GATE, annotation = REGION_ANNOTATION)]
     AnnotationMissing { namespace: String, pod: String },
+    /// The API server did not answer in time.
+    #[error("{kind} write: no answer within {after:?}")]
+    Timeout {
+        kind: &'static str,
+        after: std::time::Duration,
+    },
     /// A patch body could not be built.
     #[error("failed to build the {op} patch for {target}: {source}")]
     Body {
@@ -72,6 +78,7 @@ impl ApplyError {
             ApplyError::Api { .. } => "transport",
             ApplyError::AnnotationMissing { .. } => "annotation_missing",
             ApplyError::Body { .. } => "body",
+            ApplyError::Timeout { .. } => "timeout",
         }
     }
 }

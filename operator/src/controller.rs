@@ -44,6 +44,10 @@ use crate::metrics::{FabricFigures, Metrics};
 use crate::planner::{self, Plan, PlanOptions, World, Write};
 use crate::regions::FreedRegions;
 
+/// Longest wait for one write. Below the Lease's 10 s renew deadline, so a write sent while
+/// leading cannot be waited on long after leadership is lost.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Settings of the reconcile loop.
 #[derive(Clone, Debug)]
 pub struct ControllerConfig {
@@ -310,7 +314,17 @@ pub async fn execute_all(ctx: &Context, writes: &[Write], summary: &mut PassSumm
             summary.skipped += 1;
             continue;
         }
-        match ctx.executor.execute(write).await {
+        // Bounded: a hung call must not keep a pass (and its stale plan) alive past the
+        // leadership it was planned under.
+        let outcome = tokio::time::timeout(WRITE_TIMEOUT, ctx.executor.execute(write))
+            .await
+            .unwrap_or_else(|_| {
+                Err(ApplyError::Timeout {
+                    kind: write.kind(),
+                    after: WRITE_TIMEOUT,
+                })
+            });
+        match outcome {
             Ok(Outcome::Done) => {
                 summary.done += 1;
                 ctx.metrics.write(write.kind());
@@ -682,6 +696,8 @@ pub async fn reconcile_loop(
     ctx.metrics.cache_synced.set(1.0);
     tracing::info!(?stores, "caches synced");
 
+    // A leader passes at least every resync; three resyncs (at least a minute) without one is stuck.
+    health.set_stall_after((config.resync * 3).max(Duration::from_secs(60)));
     let mut leader = ctx.leader.clone();
     let mut freed = FreedRegions::default();
     let mut backoff = Backoff::new(config.backoff_min, config.backoff_max);
@@ -692,6 +708,7 @@ pub async fn reconcile_loop(
         ctx.metrics.leader.set(i64::from(is_leader));
         if !is_leader {
             was_leader = false;
+            health.progress(false);
             // Followers keep their caches warm and wait.
             tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),
@@ -705,6 +722,7 @@ pub async fn reconcile_loop(
             // so the allocator rebuilds from the pods' annotations and the region directories,
             // and the annotation overlay starts empty.
             was_leader = true;
+            health.progress(true);
             next_pass = Instant::now();
             freed = FreedRegions::default();
             ctx.overlay.lock().await.clear();
@@ -728,6 +746,7 @@ pub async fn reconcile_loop(
         let mut world = stores.world(Timestamp::now(), freed.clone());
         ctx.overlay.lock().await.patch(&mut world.pods);
         let summary = reconcile_once(ctx, &world).await;
+        health.progress(true);
         freed = summary.plan.freed.clone();
         let requeue = summary
             .plan

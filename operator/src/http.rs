@@ -1,4 +1,6 @@
-//! The operator's HTTP endpoints: `/healthz` (the process serves), `/readyz` (every watched
+//! The operator's HTTP endpoints: `/healthz` (the process serves, and while it leads, its
+//! reconcile loop has finished a pass recently: a loop stuck in a hung call or a deadlock gets the
+//! pod restarted by its liveness probe), `/readyz` (every watched
 //! cache has listed once; true on followers too, which keep warm caches to take over fast) and
 //! `/metrics` (OpenMetrics text).
 
@@ -20,9 +22,42 @@ use crate::metrics::Metrics;
 #[derive(Debug, Default)]
 pub struct Health {
     ready: AtomicBool,
+    progress: std::sync::Mutex<Progress>,
+}
+
+/// The leader's reconcile loop, as `/healthz` judges it.
+#[derive(Debug, Default)]
+struct Progress {
+    /// While leading: when the loop last finished a pass (or began leading).
+    last: Option<tokio::time::Instant>,
+    /// How long without a pass counts as stuck; zero never does.
+    stall_after: std::time::Duration,
 }
 
 impl Health {
+    /// How long the leader's loop may go without finishing a pass before `/healthz` fails.
+    pub fn set_stall_after(&self, after: std::time::Duration) {
+        self.lock_progress().stall_after = after;
+    }
+
+    /// The loop made progress now (`leading`), or is not leading (nothing to judge).
+    pub fn progress(&self, leading: bool) {
+        self.lock_progress().last = leading.then(tokio::time::Instant::now);
+    }
+
+    /// How long the leading loop has gone without a pass, when that is longer than allowed.
+    pub fn stalled_for(&self) -> Option<std::time::Duration> {
+        let p = self.lock_progress();
+        let idle = p.last?.elapsed();
+        (!p.stall_after.is_zero() && idle > p.stall_after).then_some(idle)
+    }
+
+    fn lock_progress(&self) -> std::sync::MutexGuard<'_, Progress> {
+        self.progress
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// Mark the caches synced (or not).
     pub fn set_ready(&self, ready: bool) {
         self.ready.store(ready, Ordering::SeqCst);
@@ -67,8 +102,18 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-async fn healthz() -> &'static str {
-    "ok\n"
+async fn healthz(State(state): State<AppState>) -> Response {
+    match state.health.stalled_for() {
+        None => (StatusCode::OK, "ok\n").into_response(),
+        Some(idle) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "leading, but the reconcile loop finished no pass for {}s\n",
+                idle.as_secs()
+            ),
+        )
+            .into_response(),
+    }
 }
 
 async fn readyz(State(state): State<AppState>) -> Response {

@@ -122,6 +122,13 @@ pub fn decide(
 /// Errors of one election step.
 #[derive(Debug, thiserror::Error)]
 pub enum LeaderError {
+    /// A Lease call did not answer within the step's time budget.
+    #[error("lease {namespace}/{name}: no answer within {budget:?}")]
+    Timeout {
+        namespace: String,
+        name: String,
+        budget: Duration,
+    },
     /// The API server refused or failed a Lease call.
     #[error("failed to {op} lease {namespace}/{name}: {source}")]
     Api {
@@ -312,15 +319,32 @@ impl LeaderElector {
         Ok(true)
     }
 
+    /// The time budget of one step: a leader's ends at its renew deadline (a call that hangs
+    /// must not keep it leading while a follower's view of the Lease expires, as client-go
+    /// bounds renewals); a follower's is the renew deadline.
+    fn step_budget(&self, last_renewed: Option<Instant>) -> Duration {
+        match last_renewed {
+            Some(at) => self.config.renew_deadline.saturating_sub(at.elapsed()),
+            None => self.config.renew_deadline,
+        }
+    }
+
     /// Run the election until `shutdown`: publish leadership on `leader` (true while we may
-    /// write), renew every `retry_period`, step down when renewal has failed for
-    /// `renew_deadline`, and release the Lease on shutdown if we hold it.
+    /// write), renew every `retry_period`, step down when renewal has failed (or not answered)
+    /// for `renew_deadline`, and release the Lease on shutdown if we hold it.
     pub async fn run(mut self, leader: watch::Sender<bool>, shutdown: CancellationToken) {
         let mut last_renewed: Option<Instant> = None;
         loop {
+            let budget = self.step_budget(last_renewed);
             let result = tokio::select! {
                 () = shutdown.cancelled() => break,
-                result = self.try_acquire_or_renew() => result,
+                result = tokio::time::timeout(budget, self.try_acquire_or_renew()) => {
+                    result.unwrap_or_else(|_| Err(LeaderError::Timeout {
+                        namespace: self.config.namespace.clone(),
+                        name: self.config.name.clone(),
+                        budget,
+                    }))
+                }
             };
             let now = Instant::now();
             match result {

@@ -105,3 +105,29 @@ async fn metrics_are_served_as_openmetrics() {
     }
     shutdown.cancel();
 }
+
+/// `/healthz` fails while this replica leads and its reconcile loop has finished no pass for
+/// longer than allowed (a loop stuck in a hung call): the liveness probe restarts the pod and
+/// another replica takes over. A follower is never judged.
+#[tokio::test]
+async fn healthz_fails_when_the_leading_loop_stops_making_progress() {
+    let (addr, health, _metrics, shutdown, task) = start().await;
+    health.set_stall_after(Duration::from_millis(50));
+    health.progress(true);
+    assert_eq!(get(addr, "/healthz").await.0, 200);
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    let (status, _, body) = get(addr, "/healthz").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("finished no pass"), "{body}");
+    health.progress(true);
+    assert_eq!(get(addr, "/healthz").await.0, 200, "a pass again");
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    health.progress(false);
+    assert_eq!(
+        get(addr, "/healthz").await.0,
+        200,
+        "followers are not judged"
+    );
+    shutdown.cancel();
+    task.await.expect("server stops");
+}

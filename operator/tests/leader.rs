@@ -213,10 +213,17 @@ async fn leader_renews_keeping_acquire_time_and_releases_on_shutdown() {
     api.assert_no_request(Duration::from_secs(10)).await;
 }
 
-#[tokio::test(start_paused = true)]
-async fn leader_steps_down_when_it_cannot_renew_within_the_deadline() {
+/// Run an elector for `me` that creates the absent Lease and leads.
+async fn leading(
+    me: &str,
+) -> (
+    ApiServer,
+    watch::Receiver<bool>,
+    CancellationToken,
+    tokio::task::JoinHandle<()>,
+) {
     let (client, mut api) = mock_client();
-    let e = elector(client, "op-0");
+    let e = elector(client, me);
     let (tx, mut rx) = watch::channel(false);
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(e.run(tx, shutdown.clone()));
@@ -227,6 +234,12 @@ async fn leader_steps_down_when_it_cannot_renew_within_the_deadline() {
     let body = create.body.clone();
     create.respond(StatusCode::CREATED, &body);
     rx.wait_for(|l| *l).await.expect("became leader");
+    (api, rx, shutdown, task)
+}
+
+#[tokio::test(start_paused = true)]
+async fn leader_steps_down_when_it_cannot_renew_within_the_deadline() {
+    let (mut api, mut rx, shutdown, task) = leading("op-0").await;
     let became = tokio::time::Instant::now();
 
     // The API server fails every read from now on.
@@ -244,6 +257,27 @@ async fn leader_steps_down_when_it_cannot_renew_within_the_deadline() {
         after >= Duration::from_secs(10) && after < Duration::from_secs(15),
         "stepped down after {after:?}"
     );
+    shutdown.cancel();
+    task.await.expect("election ends");
+}
+
+/// A Lease call that never answers must not keep a replica leading: client-go bounds renewal by
+/// the renew deadline, so a follower (which takes over after the 15 s lease duration) never
+/// overlaps with a leader stuck in a hung GET or PUT.
+#[tokio::test(start_paused = true)]
+async fn a_hung_lease_call_steps_the_leader_down_at_the_renew_deadline() {
+    let (mut api, mut rx, shutdown, task) = leading("op-0").await;
+    let became = tokio::time::Instant::now();
+
+    // The next read is received and never answered.
+    let hung = api.expect(Method::GET, LEASE, &[]).await;
+    rx.wait_for(|l| !*l).await.expect("stepped down");
+    let after = became.elapsed();
+    assert!(
+        after >= Duration::from_secs(10) && after < Duration::from_secs(11),
+        "stepped down {after:?} after the last renewal, while the call still hangs"
+    );
+    drop(hung);
     shutdown.cancel();
     task.await.expect("election ends");
 }

@@ -11,7 +11,9 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use rocefabric_api::constants::{REGION_ANNOTATION, REGION_SCHEDULING_GATE};
 use rocefabric_api::{NodeCounts, QosSpec, RoceFabricStatus, RoceNodeSpec};
 use rocefabric_operator::apply::{ApplyError, Executor, Outcome};
-use rocefabric_operator::controller::{Context, PassSummary, ReconcileError, execute_all};
+use rocefabric_operator::controller::{
+    Context, PassSummary, ReconcileError, WRITE_TIMEOUT, execute_all,
+};
 use rocefabric_operator::metrics::Metrics;
 use rocefabric_operator::planner::writes::{Event, EventType, Write};
 use serde_json::json;
@@ -226,12 +228,9 @@ async fn annotation_is_patched_strictly_before_the_gate_which_is_removed_by_test
     );
 }
 
-#[tokio::test(start_paused = true)]
-async fn gate_is_kept_when_the_annotation_write_failed() {
-    let (client, mut api) = mock_client();
-    let metrics = Arc::new(Metrics::new());
-    let ctx = Context::always_leader(client, "op-0", metrics.clone());
-    let writes = vec![
+/// An annotation of `team/w0`, its gate, then an independent RoceNode delete.
+fn annotate_gate_then_delete() -> Vec<Write> {
+    vec![
         Write::AnnotatePodRegion {
             namespace: "team".into(),
             pod: "w0".into(),
@@ -245,10 +244,17 @@ async fn gate_is_kept_when_the_annotation_write_failed() {
             remaining_gates: vec![],
         },
         Write::DeleteRoceNode { name: "n3".into() },
-    ];
+    ]
+}
+
+#[tokio::test(start_paused = true)]
+async fn gate_is_kept_when_the_annotation_write_failed() {
+    let (client, mut api) = mock_client();
+    let metrics = Arc::new(Metrics::new());
+    let ctx = Context::always_leader(client, "op-0", metrics.clone());
     let task = tokio::spawn(async move {
         let mut summary = PassSummary::default();
-        execute_all(&ctx, &writes, &mut summary).await;
+        execute_all(&ctx, &annotate_gate_then_delete(), &mut summary).await;
         summary
     });
     api.expect(Method::PATCH, "/api/v1/namespaces/team/pods/w0", MANAGED)
@@ -473,4 +479,34 @@ async fn shutdown_stops_a_pass_before_its_next_write() {
         summary.into_result(),
         Err(ReconcileError::ShuttingDown { remaining: 1 })
     ));
+}
+
+/// A write the API server never answers fails after `WRITE_TIMEOUT` (the pass goes on, the gate
+/// stays): a hung call cannot hold a pass, planned under a leadership that may be gone, open.
+#[tokio::test(start_paused = true)]
+async fn a_hung_write_fails_after_the_write_timeout() {
+    let (client, mut api) = mock_client();
+    let ctx = Context::always_leader(client, "op-0", Arc::new(Metrics::new()));
+    let task = tokio::spawn(async move {
+        let mut summary = PassSummary::default();
+        execute_all(&ctx, &annotate_gate_then_delete(), &mut summary).await;
+        summary
+    });
+    let hung = api
+        .expect(Method::PATCH, "/api/v1/namespaces/team/pods/w0", MANAGED)
+        .await;
+    let sent = tokio::time::Instant::now();
+    // (The verifier waits at most 5 s per request itself.)
+    tokio::time::sleep(WRITE_TIMEOUT - Duration::from_secs(1)).await;
+    api.expect(Method::DELETE, &format!("{ROCENODES}/n3"), &[])
+        .await
+        .ok(&json!({"apiVersion": "v1", "kind": "Status", "status": "Success"}));
+    assert_eq!(sent.elapsed(), WRITE_TIMEOUT);
+    drop(hung);
+    let summary = task.await.expect("joined");
+    assert_eq!(
+        (summary.done, summary.skipped, summary.failures.len()),
+        (1, 1, 1)
+    );
+    assert_eq!(summary.failures[0].1.metric_label(), "timeout");
 }
