@@ -11,12 +11,17 @@ use serde::{Deserialize, Serialize};
 pub struct NicSelector {
     /// PCI vendor ids in hex (`15b3`, `0x8086`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(inner(regex(pattern = r"^(0[xX])?[0-9a-fA-F]{1,4}$")))]
     pub vendors: Vec<String>,
     /// PCI device ids in hex (`1021` for ConnectX-7).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(inner(regex(pattern = r"^(0[xX])?[0-9a-fA-F]{1,4}$")))]
     pub device_ids: Vec<String>,
     /// PCI addresses (`0000:18:00.0`; the domain may be omitted).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(inner(regex(
+        pattern = r"^([0-9a-fA-F]{1,4}:)?[0-9a-fA-F]{1,2}:[01]?[0-9a-fA-F]\.[0-7]$"
+    )))]
     pub pci_addresses: Vec<String>,
     /// RDMA device names (`mlx5_0`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -8,7 +8,6 @@ use kube::CustomResourceExt;
 use kube::core::cel::Validator;
 use serde_json::Value;
 
-use crate::nic_selector::NicSelector;
 use crate::{QosSpec, RoceFabric, quantity};
 
 /// One rejected field: where, and why (the rule's message or the schema violation).
@@ -91,16 +90,6 @@ pub fn fabric_value(object: &Value) -> Result<(), Invalid> {
             field: cel_field(&e.field_path, &e.message),
             message: e.message,
         }));
-    }
-    if errors.is_empty()
-        && let Some(sel) = object.pointer("/spec/nicSelector")
-        && let Ok(sel) = serde_json::from_value::<NicSelector>(sel.clone())
-        && let Err(e) = sel.check()
-    {
-        errors.push(FieldError {
-            field: format!("spec.nicSelector.{}", e.field),
-            message: e.to_string(),
-        });
     }
     if errors.is_empty()
         && let Some(size) = object

@@ -255,6 +255,22 @@ fn the_api_server_enforces_every_rule_and_range() {
                 "{err}"
             );
         }
+        // The item patterns of the NIC selector.
+        for (field, bad) in [
+            ("vendors", "mellanox"),
+            ("deviceIds", "0x12345"),
+            ("pciAddresses", "0000:18:00"),
+        ] {
+            let object = fabric("e2e-bad", json!({"nicSelector": {field: [bad]}}));
+            let err = dry_run(&ctx.client, &object)
+                .await
+                .expect_err(&format!("nicSelector.{field} {bad:?} must be rejected"));
+            assert!(
+                err.contains(&format!("spec.nicSelector.{field}[0]"))
+                    && err.contains("should match"),
+                "{field} = {bad}: the message names the field and the pattern: {err}"
+            );
+        }
         // Every numeric range of the spec.
         let mut ranges = Vec::new();
         range_cases(&schema["properties"]["spec"], "spec", &mut ranges);
