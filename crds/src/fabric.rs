@@ -271,6 +271,16 @@ pub struct SharedMemorySpec {
     /// Most regions the space holds, 1..1048576.
     #[schemars(range(min = 1, max = 1048576))]
     pub max_regions: u32,
+    /// Most regions one pod may take (its `rocefabric.io/region-size` rounded up to whole
+    /// regions); a larger request keeps the pod gated and is reported. Unset: `maxRegions`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1048576))]
+    pub max_regions_per_pod: Option<u32>,
+    /// Most regions the pods of one namespace may hold together; a pod that would exceed it
+    /// waits, gated, and is reported. Unset: no limit below `maxRegions`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1048576))]
+    pub max_regions_per_namespace: Option<u32>,
     /// Pods that get a region. Empty selects the pods labelled `rocefabric.io/fabric: <fabric name>`.
     #[serde(default)]
     pub pod_selector: LabelSelector,

@@ -64,6 +64,8 @@ fn world() -> World {
             shared_memory: Some(SharedMemorySpec {
                 region_size: Quantity("1Gi".into()),
                 max_regions: 65_536,
+                max_regions_per_pod: None,
+                max_regions_per_namespace: None,
                 pod_selector: LabelSelector {
                     match_labels: labels(&[("app", "train")]),
                     ..LabelSelector::default()

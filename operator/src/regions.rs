@@ -70,6 +70,8 @@ pub enum RegionError {
     },
     #[error("invalid annotation rocefabric.io/region {value:?}: {reason}")]
     BadAnnotation { value: String, reason: String },
+    #[error("asks {slots} regions, more than sharedMemory.maxRegionsPerPod ({cap})")]
+    PodCap { slots: u32, cap: u32 },
     #[error("region {id} [{base}, +{size}) does not fit the fabric's geometry: {reason}")]
     Misaligned {
         id: u32,

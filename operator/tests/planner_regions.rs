@@ -12,8 +12,8 @@ use rocefabric_operator::planner::directory::{
     MAX_ENTRY_BYTES,
 };
 use rocefabric_operator::planner::{
-    EventType, PlanOptions, REGION_CONFLICT, REGION_DIRECTORY_TOO_LARGE, REGION_REQUEST_INVALID,
-    World, Write, plan,
+    EventType, PlanOptions, REGION_CONFLICT, REGION_DIRECTORY_TOO_LARGE, REGION_QUOTA_EXCEEDED,
+    REGION_REQUEST_INVALID, World, Write, plan,
 };
 use rocefabric_operator::regions::RegionAssignment;
 use support::world::*;
@@ -750,4 +750,72 @@ fn after_a_takeover_new_windows_wait_one_grace_period() {
     w.pods.push(pod("ns", "later", 700, &[MEMBER], true));
     pass(&mut w);
     assert!(!gated(&w, "ns", "later"));
+}
+
+fn with_caps(
+    mut f: rocefabric_api::RoceFabric,
+    per_pod: Option<u32>,
+    per_ns: Option<u32>,
+) -> rocefabric_api::RoceFabric {
+    let sm = f.spec.shared_memory.as_mut().unwrap();
+    sm.max_regions_per_pod = per_pod;
+    sm.max_regions_per_namespace = per_ns;
+    f
+}
+
+/// A large `rocefabric.io/region-size` does not take the whole fabric: a request over
+/// `maxRegionsPerPod` keeps the pod gated and is reported naming the field; a namespace's pods
+/// together hold at most `maxRegionsPerNamespace` (oldest first), other namespaces unaffected.
+#[test]
+fn requests_are_capped_per_pod_and_per_namespace() {
+    let pods = vec![
+        with_size_request(pod("ns", "greedy", 0, &[MEMBER], true), "8Gi"),
+        with_size_request(pod("ns", "two", 1, &[MEMBER], true), "2Gi"),
+        pod("ns", "third", 2, &[MEMBER], true),
+        pod("other", "own", 3, &[MEMBER], true),
+    ];
+    let mut w = world(
+        vec![with_caps(shm(16), Some(4), Some(2))],
+        nodes("n", 1, &[]),
+        pods,
+    );
+    let p = step(&mut w);
+    assert!(gated(&w, "ns", "greedy") && region_of(&w, "ns", "greedy").is_none());
+    assert_eq!(region_of(&w, "ns", "two").unwrap().size, 2 * GI);
+    assert!(gated(&w, "ns", "third"), "ns already holds its 2 regions");
+    assert!(
+        !gated(&w, "other", "own"),
+        "another namespace has its own quota"
+    );
+    let st = fabric_of(&w, "f").status.clone().unwrap();
+    let msg = &st
+        .conditions
+        .iter()
+        .find(|c| c.type_ == condition::DEGRADED)
+        .unwrap()
+        .message;
+    assert!(
+        msg.contains("ns/greedy") && msg.contains("maxRegionsPerPod (4)"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("ns/third") && msg.contains("maxRegionsPerNamespace 2"),
+        "{msg}"
+    );
+    assert!(
+        event_reasons(&p).contains(&REGION_QUOTA_EXCEEDED.to_string()),
+        "{:?}",
+        event_reasons(&p)
+    );
+    // The namespace's pod goes: its quota is free at once (its slots still cool down, so the
+    // next pod gets other ones).
+    let freed = region_of(&w, "ns", "two").unwrap();
+    w.pods.retain(|p| p.metadata.name.as_deref() != Some("two"));
+    step(&mut w);
+    assert!(!gated(&w, "ns", "third"));
+    let third = region_of(&w, "ns", "third").unwrap();
+    assert!(
+        third.base + third.size <= freed.base || freed.base + freed.size <= third.base,
+        "{third:?} reuses {freed:?} within its grace period"
+    );
 }

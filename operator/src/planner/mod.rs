@@ -24,7 +24,8 @@ pub use report::{
     RegionReport, WaitingPod,
 };
 pub use status::{
-    MAX_CONFLICTING_LISTED, REGION_CONFLICT, REGION_DIRECTORY_TOO_LARGE, REGION_REQUEST_INVALID,
+    MAX_CONFLICTING_LISTED, REGION_CONFLICT, REGION_DIRECTORY_TOO_LARGE, REGION_QUOTA_EXCEEDED,
+    REGION_REQUEST_INVALID,
 };
 pub use world::{PlanOptions, World};
 pub use writes::{Event, EventType, Write};
@@ -251,6 +252,7 @@ pub fn plan(world: &World, opts: &PlanOptions) -> Plan {
             bad_requests: regions.bad_requests,
             too_large: regions.too_large,
             conflicts: regions.conflicts,
+            over_quota: regions.over_quota,
         };
         let (write, events) = status::valid_status(f, &facts, &now);
         status_writes.extend(write);
@@ -265,7 +267,8 @@ pub fn plan(world: &World, opts: &PlanOptions) -> Plan {
         fr.traffic_class = Some(f.obj.spec.qos.traffic_class());
         fr.regions_allocated = regions.live_slots;
         fr.region_count = regions.region_count;
-        fr.pods_waiting = count(facts.exhausted.len() + facts.bad_requests.len());
+        fr.pods_waiting =
+            count(facts.exhausted.len() + facts.bad_requests.len() + facts.over_quota.len());
         fr.regions_cooling = regions.cooling_slots;
         report.fabrics.push(fr);
         report.regions.extend(regions.regions);

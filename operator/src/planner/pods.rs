@@ -144,6 +144,8 @@ pub(crate) struct RegionsOutcome {
     pub too_large: Vec<(String, usize, usize)>,
     /// Started pods whose recorded window cannot be kept, left unchanged: `namespace/name`, why.
     pub conflicts: Vec<(String, String)>,
+    /// Pods waiting because their namespace's quota is used: `namespace/name`, why.
+    pub over_quota: Vec<(String, String)>,
     pub regions: Vec<RegionReport>,
     pub waiting: Vec<WaitingPod>,
 }
@@ -179,9 +181,12 @@ pub(crate) fn plan_regions(
     });
 
     // The recorded claims and the size each pod needs should it get a new window.
+    let (per_pod, per_namespace) = fabric
+        .pods
+        .as_ref()
+        .map_or((None, None), |s| (s.per_pod, s.per_namespace));
     let mut claims = Vec::with_capacity(pods.len());
-    let mut requests = Vec::with_capacity(pods.len());
-    let mut request_of: Vec<Option<usize>> = Vec::with_capacity(pods.len());
+    let mut wanted: Vec<Option<Request>> = Vec::with_capacity(pods.len());
     for p in &pods {
         let claim = match &p.annotation {
             None => Claim::None,
@@ -201,7 +206,12 @@ pub(crate) fn plan_regions(
             .as_ref()
             .and_then(|a| a.get(REGION_SIZE_ANNOTATION))
             .map(String::as_str);
-        let len = geometry.slots_for_annotation(size_request);
+        let len = geometry
+            .slots_for_annotation(size_request)
+            .and_then(|len| match per_pod {
+                Some(cap) if len > cap => Err(regions::RegionError::PodCap { slots: len, cap }),
+                _ => Ok(len),
+            });
         let request = match (&claim, len) {
             (Claim::Existing(s), len) => Some(Request {
                 existing: Some(*s),
@@ -216,12 +226,51 @@ pub(crate) fn plan_regions(
                 None
             }
         };
-        request_of.push(request.map(|r| {
-            requests.push(r);
-            requests.len() - 1
-        }));
+        wanted.push(request);
         claims.push(claim);
     }
+    // A namespace's quota: windows its pods hold count first, then new ones oldest first.
+    if let Some(cap) = per_namespace {
+        let mut used: HashMap<&str, u64> = HashMap::new();
+        for (p, w) in pods.iter().zip(&wanted) {
+            if let Some(Request {
+                existing: Some(s), ..
+            }) = w
+            {
+                *used.entry(p.namespace).or_default() += u64::from(s.len);
+            }
+        }
+        for (p, w) in pods.iter().zip(wanted.iter_mut()) {
+            let Some(r) = w.as_ref().filter(|r| r.existing.is_none()) else {
+                continue;
+            };
+            let held = used.entry(p.namespace).or_default();
+            if *held + u64::from(r.len) > u64::from(cap) {
+                out.over_quota.push((
+                    p.key(),
+                    format!(
+                        "needs {} region{}; namespace {} holds {held} of sharedMemory.maxRegionsPerNamespace {cap}",
+                        r.len,
+                        if r.len == 1 { "" } else { "s" },
+                        p.namespace
+                    ),
+                ));
+                *w = None;
+            } else {
+                *held += u64::from(r.len);
+            }
+        }
+    }
+    let mut requests = Vec::with_capacity(wanted.len());
+    let request_of: Vec<Option<usize>> = wanted
+        .into_iter()
+        .map(|w| {
+            w.map(|r| {
+                requests.push(r);
+                requests.len() - 1
+            })
+        })
+        .collect();
 
     // Windows live at the last plan (memory, or the directories after a restart) that their
     // pod no longer claims start their grace period now.
@@ -315,6 +364,7 @@ pub(crate) fn plan_regions(
                 let why = out
                     .bad_requests
                     .iter()
+                    .chain(&out.over_quota)
                     .find(|(k, _)| *k == p.key())
                     .map(|(_, w)| w.clone());
                 out.waiting

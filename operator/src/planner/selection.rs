@@ -33,6 +33,10 @@ pub(crate) struct FabricView<'w> {
 pub(crate) struct PodSelection {
     pub selector: PodSelector,
     pub geometry: Geometry,
+    /// `sharedMemory.maxRegionsPerPod`.
+    pub per_pod: Option<u32>,
+    /// `sharedMemory.maxRegionsPerNamespace`.
+    pub per_namespace: Option<u32>,
 }
 
 pub(crate) enum PodSelector {
@@ -84,6 +88,8 @@ impl<'w> FabricView<'w> {
             Some(PodSelection {
                 selector: selector?,
                 geometry: geometry?,
+                per_pod: sm.max_regions_per_pod,
+                per_namespace: sm.max_regions_per_namespace,
             })
         });
         Self {

@@ -19,6 +19,8 @@ use super::writes::{Event, EventType, Write};
 pub const REGION_REQUEST_INVALID: &str = "RegionRequestInvalid";
 /// Reason of a namespace whose region directory would exceed the size limit.
 pub const REGION_DIRECTORY_TOO_LARGE: &str = "RegionDirectoryTooLarge";
+/// Reason of pods waiting because their namespace holds `maxRegionsPerNamespace` regions.
+pub const REGION_QUOTA_EXCEEDED: &str = "RegionQuotaExceeded";
 /// Reason of running pods whose recorded windows the fabric cannot keep (overlap, or not of
 /// this fabric's geometry): left as they are, never rewritten.
 pub const REGION_CONFLICT: &str = "RegionConflict";
@@ -45,6 +47,8 @@ pub(crate) struct Facts {
     pub too_large: Vec<(String, usize, usize)>,
     /// Running pods whose windows were left unchanged although the fabric cannot place them.
     pub conflicts: Vec<(String, String)>,
+    /// Pods waiting for their namespace's quota.
+    pub over_quota: Vec<(String, String)>,
 }
 
 /// List at most [`LISTED`] names, saying how many more there are.
@@ -122,6 +126,17 @@ pub(crate) fn valid_status(
         problems.push(Problem {
             reason: REGION_REQUEST_INVALID,
             detail: list(&named),
+        });
+    }
+    if !facts.over_quota.is_empty() {
+        let named: Vec<String> = facts
+            .over_quota
+            .iter()
+            .map(|(p, why)| format!("{p}: {why}"))
+            .collect();
+        problems.push(Problem {
+            reason: REGION_QUOTA_EXCEEDED,
+            detail: format!("pods wait for their namespace's quota: {}", list(&named)),
         });
     }
     if !facts.conflicts.is_empty() {

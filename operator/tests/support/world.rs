@@ -96,6 +96,8 @@ pub fn with_shared_memory(
     f.spec.shared_memory = Some(SharedMemorySpec {
         region_size: Quantity(size.into()),
         max_regions: max,
+        max_regions_per_pod: None,
+        max_regions_per_namespace: None,
         pod_selector: LabelSelector {
             match_labels: (!pod_selector.is_empty())
                 .then(|| labels(pod_selector))
