@@ -211,13 +211,7 @@ fn a_request_the_space_cannot_hold_keeps_the_pod_gated_and_is_reported() {
     assert!(gated(&w, "ns", "huge") && gated(&w, "ns", "typo"));
     assert_eq!(region_of(&w, "ns", "huge"), None);
     assert_eq!(condition_of(&w, "f", condition::DEGRADED).0, "True");
-    let st = fabric_of(&w, "f").status.clone().unwrap();
-    let msg = &st
-        .conditions
-        .iter()
-        .find(|c| c.type_ == condition::DEGRADED)
-        .unwrap()
-        .message;
+    let msg = &condition_message(&w, "f", condition::DEGRADED);
     assert!(
         msg.contains("ns/huge") && msg.contains("ns/typo") && msg.contains("\"2 gigs\""),
         "{msg}"
@@ -787,13 +781,7 @@ fn requests_are_capped_per_pod_and_per_namespace() {
         !gated(&w, "other", "own"),
         "another namespace has its own quota"
     );
-    let st = fabric_of(&w, "f").status.clone().unwrap();
-    let msg = &st
-        .conditions
-        .iter()
-        .find(|c| c.type_ == condition::DEGRADED)
-        .unwrap()
-        .message;
+    let msg = &condition_message(&w, "f", condition::DEGRADED);
     assert!(
         msg.contains("ns/greedy") && msg.contains("maxRegionsPerPod (4)"),
         "{msg}"

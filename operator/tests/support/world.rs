@@ -447,6 +447,20 @@ pub fn condition_of(world: &World, name: &str, type_: &str) -> (String, String) 
     (c.status.clone(), c.reason.clone())
 }
 
+/// The message of condition `type_` of fabric `name`.
+pub fn condition_message(world: &World, name: &str, type_: &str) -> String {
+    let st = fabric_of(world, name)
+        .status
+        .as_ref()
+        .expect("fabric has a status");
+    st.conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .unwrap_or_else(|| panic!("no {type_} condition"))
+        .message
+        .clone()
+}
+
 pub fn pod_of<'a>(world: &'a World, ns: &str, name: &str) -> &'a Pod {
     world
         .pods
