@@ -453,6 +453,8 @@ pub struct FreedRegions {
     /// Until when no new window is handed out (`since` + grace, see
     /// [`crate::planner::PlanOptions::hold_after_takeover`]), while that is in the future.
     pub(crate) hold_until: Option<Timestamp>,
+    /// Gated pods (uids) already told that no fabric selects them: one Event each.
+    pub(crate) unmatched: std::collections::BTreeSet<String>,
 }
 
 /// One fabric's memory.

@@ -807,3 +807,31 @@ fn requests_are_capped_per_pod_and_per_namespace() {
         "{third:?} reuses {freed:?} within its grace period"
     );
 }
+
+/// A gated pod no fabric selects is told so, once: otherwise it would sit Pending without a word.
+#[test]
+fn a_gated_pod_no_fabric_selects_gets_one_event() {
+    let mut w = world(
+        vec![shm(4)],
+        nodes("n", 1, &[]),
+        vec![pod("ns", "lost", 0, &[("app", "web")], true)],
+    );
+    let p = step(&mut w);
+    let told: Vec<_> = events(&p)
+        .into_iter()
+        .filter(|e| e.reason == reason::NO_FABRIC_SELECTS_POD)
+        .collect();
+    assert_eq!(told.len(), 1);
+    assert_eq!(told[0].regarding.name.as_deref(), Some("lost"));
+    assert_eq!(told[0].type_, EventType::Warning);
+    assert!(
+        told[0].message.contains("podSelector"),
+        "{}",
+        told[0].message
+    );
+    assert!(
+        !event_reasons(&step(&mut w)).contains(&reason::NO_FABRIC_SELECTS_POD.to_string()),
+        "told once"
+    );
+    assert!(gated(&w, "ns", "lost"));
+}

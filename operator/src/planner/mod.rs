@@ -84,7 +84,9 @@ pub fn plan(world: &World, opts: &PlanOptions) -> Plan {
         .collect();
     let own = selection::assign_nodes(&fabrics, &age, &world.nodes, &nodes_by_name);
 
-    // Route every live pod to the fabric whose region it holds or gets.
+    // Route every live pod to the fabric whose region it holds or gets; gated pods no fabric
+    // selects are told so (once each).
+    let mut unmatched: Vec<PodRef<'_>> = Vec::new();
     let mut fabric_pods: Vec<Vec<PodRef<'_>>> = (0..fabrics.len()).map(|_| Vec::new()).collect();
     for pod in world.pods.iter().filter(|p| pods::is_live(p)) {
         let p = PodRef::new(pod);
@@ -100,8 +102,12 @@ pub fn plan(world: &World, opts: &PlanOptions) -> Plan {
             Some(f) if fabrics[f].pods.is_some() => Some(f),
             _ => age.iter().copied().find(|&f| fabrics[f].selects_pod(pod)),
         };
-        if let Some(f) = target.filter(|&f| fabrics[f].active()) {
-            fabric_pods[f].push(p);
+        match target {
+            Some(f) if fabrics[f].active() => fabric_pods[f].push(p),
+            // Its fabric cannot be planned now; the fabric's status says why.
+            Some(_) => {}
+            None if p.gated() => unmatched.push(p),
+            None => {}
         }
     }
 
@@ -320,6 +326,13 @@ pub fn plan(world: &World, opts: &PlanOptions) -> Plan {
     writes.extend(directory_writes);
     writes.extend(status_writes);
     writes.extend(fabric_events.into_iter().map(Write::Event));
+    for p in &unmatched {
+        let uid = p.pod.metadata.uid.clone().unwrap_or_else(|| p.key());
+        if !world.freed.unmatched.contains(&uid) {
+            pod_events.push(pods::unmatched_event(p));
+        }
+        freed.unmatched.insert(uid);
+    }
     writes.extend(pod_events.into_iter().map(Write::Event));
 
     if opts.detailed_report {

@@ -76,7 +76,7 @@ impl<'w> PodRef<'w> {
             .unwrap_or_default()
     }
 
-    fn gated(&self) -> bool {
+    pub(crate) fn gated(&self) -> bool {
         self.gates()
             .iter()
             .any(|g| g.name == REGION_SCHEDULING_GATE)
@@ -93,7 +93,7 @@ impl<'w> PodRef<'w> {
         }
     }
 
-    fn key(&self) -> String {
+    pub(crate) fn key(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
     }
 
@@ -560,6 +560,21 @@ fn waiting(p: &PodRef<'_>, fabric: &str, reason: String) -> WaitingPod {
         pod: p.name.to_string(),
         fabric: fabric.to_string(),
         reason,
+    }
+}
+
+/// A gated pod that no fabric selects: it would stay Pending without a word.
+pub(crate) fn unmatched_event(p: &PodRef<'_>) -> Event {
+    Event {
+        regarding: p.reference(),
+        type_: EventType::Warning,
+        reason: reason::NO_FABRIC_SELECTS_POD.to_string(),
+        message: format!(
+            "the pod has the {REGION_SCHEDULING_GATE} scheduling gate but no RoceFabric's \
+             sharedMemory.podSelector selects it (an empty podSelector selects pods labelled \
+             {FABRIC}: <fabric>); it stays Pending until one does",
+            FABRIC = rocefabric_api::constants::FABRIC_LABEL
+        ),
     }
 }
 
