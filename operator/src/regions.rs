@@ -38,6 +38,19 @@ impl RegionAssignment {
             .unwrap_or_else(|_| unreachable!("a struct of strings and integers serializes"))
     }
 
+    /// The annotation text bound to the pod `uid`: the same object with `"uid"` last. A copy of
+    /// the annotation on another pod (an exported manifest) is then recognised and never honoured.
+    pub fn to_annotation_of(&self, uid: Option<&str>) -> String {
+        let mut text = self.to_annotation();
+        if let Some(uid) = uid {
+            text.pop(); // the closing brace of the compact object
+            text.push_str(",\"uid\":");
+            text.push_str(&serde_json::Value::from(uid).to_string());
+            text.push('}');
+        }
+        text
+    }
+
     /// Parse an annotation value.
     pub fn parse(value: &str) -> Result<Self, RegionError> {
         serde_json::from_str(value).map_err(|e| RegionError::BadAnnotation {

@@ -835,3 +835,55 @@ fn a_gated_pod_no_fabric_selects_gets_one_event() {
     );
     assert!(gated(&w, "ns", "lost"));
 }
+
+/// A manifest exported from a running pod keeps its `rocefabric.io/region` annotation, bound to
+/// the original pod's uid: a pod created from it never gets that window honoured. Gated, it
+/// gets its own window; already running (no gate), it is reported and the original keeps its
+/// window.
+#[test]
+fn a_copied_annotation_is_never_honoured() {
+    let mut w = world(
+        vec![shm(4)],
+        nodes("n", 1, &[]),
+        vec![pod("ns", "orig", 0, &[MEMBER], true)],
+    );
+    w.now += Duration::from_secs(1);
+    step(&mut w);
+    let original = pod_of(&w, "ns", "orig")
+        .metadata
+        .annotations
+        .clone()
+        .unwrap()[rocefabric_api::constants::REGION_ANNOTATION]
+        .clone();
+    assert!(original.contains("\"uid\":\"uid-ns-orig\""), "{original}");
+    let window = region_of(&w, "ns", "orig").unwrap();
+
+    w.pods.push(with_annotation(
+        pod("ns", "copy-gated", 5, &[MEMBER], true),
+        &original,
+    ));
+    w.pods.push(with_annotation(
+        scheduled(
+            pod("ns", "copy-running", 6, &[MEMBER], false),
+            "n0",
+            "10.0.0.9",
+        ),
+        &original,
+    ));
+    step(&mut w);
+    assert_eq!(
+        region_of(&w, "ns", "orig").unwrap(),
+        window,
+        "the original keeps it"
+    );
+    let gated_copy = region_of(&w, "ns", "copy-gated").unwrap();
+    assert_ne!(
+        gated_copy.id, window.id,
+        "the gated copy gets a window of its own"
+    );
+    let msg = condition_message(&w, "f", condition::DEGRADED);
+    assert!(
+        msg.contains("ns/copy-running") && msg.contains("written for another pod"),
+        "{msg}"
+    );
+}

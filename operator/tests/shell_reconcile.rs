@@ -124,7 +124,13 @@ async fn first_reconcile_applies_roce_nodes_regions_and_status_in_order() {
     let parsed: serde_json::Value = serde_json::from_str(&region).expect("annotation is JSON");
     assert_eq!(
         parsed,
-        json!({"fabric": "dgx", "id": 0, "base": 0, "size": 1_073_741_824u64})
+        json!({"fabric": "dgx", "id": 0, "base": 0, "size": 1_073_741_824u64,
+               "uid": "uid-team-w0"}),
+        "the window, bound to the pod it was written for"
+    );
+    assert_eq!(
+        annotate.body["metadata"]["uid"], "uid-team-w0",
+        "and the uid precondition"
     );
     let gated = json!({"apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": "w0", "namespace": "team", "annotations": {"rocefabric.io/region": region}},

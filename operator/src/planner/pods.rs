@@ -28,6 +28,9 @@ pub(crate) struct Recorded<'a> {
     pub id: u32,
     pub base: u64,
     pub size: u64,
+    /// The pod it was written for (absent in annotations of earlier versions).
+    #[serde(default, borrow)]
+    pub uid: Option<Cow<'a, str>>,
 }
 
 impl<'a> Recorded<'a> {
@@ -190,6 +193,16 @@ pub(crate) fn plan_regions(
     for p in &pods {
         let claim = match &p.annotation {
             None => Claim::None,
+            Some(Ok(a))
+                if a.uid
+                    .as_deref()
+                    .is_some_and(|u| Some(u) != p.pod.metadata.uid.as_deref()) =>
+            {
+                Claim::Bad(format!(
+                    "it was written for another pod (uid {}): a copied annotation is never honoured",
+                    a.uid.as_deref().unwrap_or_default()
+                ))
+            }
             Some(Ok(a)) if a.fabric == fabric.name => {
                 match geometry.window_slots(a.id, a.base, a.size) {
                     Ok(s) => Claim::Existing(s),
@@ -450,7 +463,7 @@ pub(crate) fn plan_regions(
             writes.push(Write::AnnotatePodRegion {
                 namespace: p.namespace.to_string(),
                 pod: p.name.to_string(),
-                value: assignment.to_annotation(),
+                value: assignment.to_annotation_of(p.pod.metadata.uid.as_deref()),
                 uid: p.pod.metadata.uid.clone(),
                 resource_version: p.pod.metadata.resource_version.clone(),
             });
