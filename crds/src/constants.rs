@@ -63,6 +63,8 @@ pub mod reason {
     pub const LINK_DOWN: &str = "LinkDown";
     pub const DRIFT_CORRECTED: &str = "DriftCorrected";
     pub const REGION_REASSIGNED: &str = "RegionReassigned";
+    /// A selected node waits for its rollout slot (RoceNode `spec.pending`).
+    pub const ROLLOUT_PENDING: &str = "RolloutPending";
     /// A pod carries the region scheduling gate but no fabric's `podSelector` selects it.
     pub const NO_FABRIC_SELECTS_POD: &str = "NoFabricSelectsPod";
 }

@@ -37,6 +37,11 @@ pub struct RoceNodeSpec {
     /// The fabric's NIC selector.
     #[serde(default)]
     pub nic_selector: NicSelector,
+    /// Selected, but waiting for a rollout slot: the agent applies nothing and reports
+    /// `QosApplied` False (`RolloutPending`), so the device plugin's QoS gate holds the node's
+    /// HCAs until the fabric's QoS is proven on it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pending: bool,
 }
 
 /// What the node holds: written by the node agent with server-side apply.

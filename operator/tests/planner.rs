@@ -165,6 +165,18 @@ fn rollout_with_budget_one_paces_one_node_at_a_time() {
         "new nodes count against the budget"
     );
     assert_eq!(
+        pending_nodes(&p),
+        ["n-001", "n-002"],
+        "the others get their RoceNode at once, pending, so their QoS gate holds"
+    );
+    assert!(
+        w.roce_nodes
+            .iter()
+            .filter(|rn| rn.spec.pending)
+            .all(|rn| rn.spec.fabric == "f" && rn.spec.qos == w.roce_nodes[0].spec.qos),
+        "a placeholder names its fabric"
+    );
+    assert_eq!(
         condition_of(&w, "f", condition::PROGRESSING),
         ("True".into(), reason::ROLLOUT_IN_PROGRESS.into())
     );

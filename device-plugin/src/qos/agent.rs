@@ -390,6 +390,39 @@ pub fn node_conditions(interfaces: &[InterfaceStatus]) -> Vec<DesiredCondition> 
     ]
 }
 
+/// The status of a node waiting for its rollout slot (pure): nothing applied, `QosApplied`
+/// and `Ready` False (`RolloutPending`) so the device plugin's gate holds the HCAs, and no
+/// fabric generation reported (the operator must not read it as the outcome of the real spec).
+pub fn pending_status(node: &RoceNode, now: &Time) -> RoceNodeStatus {
+    let generation = node.metadata.generation;
+    let previous = node
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default();
+    let message = format!(
+        "selected by fabric {}, waiting for a rollout slot: nothing applied yet",
+        node.spec.fabric
+    );
+    let desired = vec![
+        DesiredCondition::new(
+            condition::QOS_APPLIED,
+            false,
+            reason::ROLLOUT_PENDING,
+            message.clone(),
+        ),
+        DesiredCondition::new(condition::READY, false, reason::ROLLOUT_PENDING, message),
+        DesiredCondition::new(condition::DEGRADED, false, reason::AS_EXPECTED, ""),
+    ];
+    RoceNodeStatus {
+        observed_generation: generation,
+        fabric_generation: None,
+        conditions: conditions::merge(previous, &desired, generation, now),
+        interfaces: Vec::new(),
+        last_sync_time: Some(now.clone()),
+    }
+}
+
 /// The status a pass writes (pure).
 pub fn node_status(
     node: &RoceNode,
@@ -468,6 +501,12 @@ pub async fn reconcile(
     node: &RoceNode,
     now: Time,
 ) -> Result<RoceNodeStatus, AgentError> {
+    if node.spec.pending {
+        let status = pending_status(node, &now);
+        write_status(ctx, &status).await?;
+        info!("rollout pending: nothing applied");
+        return Ok(status);
+    }
     let desired = Desired::from_spec(&node.spec.qos);
     let roots = ctx.roots.clone();
     let kernel = ctx.kernel.clone();
@@ -544,24 +583,26 @@ pub async fn reconcile(
     }
 
     let status = node_status(node, interfaces, &now);
-    let api: Api<RoceNode> = Api::all(ctx.client.clone());
-    let params = PatchParams::apply(AGENT_FIELD_MANAGER).force();
-    api.patch_status(
-        &ctx.node_name,
-        &params,
-        &Patch::Apply(status_patch(&status)),
-    )
-    .await
-    .map_err(|source| AgentError::Status {
-        node: ctx.node_name.clone(),
-        source,
-    })?;
+    write_status(ctx, &status).await?;
     info!(
         interfaces = status.interfaces.len(),
         qos_applied = conditions::is_true(&status.conditions, condition::QOS_APPLIED, None),
         "status written"
     );
     Ok(status)
+}
+
+/// Server-side apply of this node's RoceNode status.
+async fn write_status(ctx: &Context, status: &RoceNodeStatus) -> Result<(), AgentError> {
+    let api: Api<RoceNode> = Api::all(ctx.client.clone());
+    let params = PatchParams::apply(AGENT_FIELD_MANAGER).force();
+    api.patch_status(&ctx.node_name, &params, &Patch::Apply(status_patch(status)))
+        .await
+        .map_err(|source| AgentError::Status {
+            node: ctx.node_name.clone(),
+            source,
+        })?;
+    Ok(())
 }
 
 /// `(uid, generation)`: a pass is due when it changes.

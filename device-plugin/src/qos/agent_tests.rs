@@ -56,6 +56,7 @@ fn roce_node(generation: i64) -> RoceNode {
                 rdma_devices: vec!["mlx5_0".into()],
                 ..Default::default()
             },
+            pending: false,
         },
     );
     node.metadata.generation = Some(generation);
@@ -714,4 +715,33 @@ fn a_virtual_rdma_device_is_configured_only_when_named() {
         ..Default::default()
     };
     assert_eq!(netdevs(by_netdev), ["eno3"]);
+}
+
+/// A RoceNode waiting for its rollout slot: nothing is applied, `QosApplied` and `Ready` say
+/// `RolloutPending` (so the device plugin's gate holds the HCAs), and no fabric generation is
+/// reported as if its QoS had been tried.
+#[test]
+fn a_pending_roce_node_reports_rollout_pending_without_a_fabric_generation() {
+    let mut node = roce_node(1);
+    node.spec.pending = true;
+    let status = pending_status(&node, &t(1_800_000_000));
+    assert_eq!(status.fabric_generation, None);
+    assert!(status.interfaces.is_empty());
+    for type_ in [condition::QOS_APPLIED, condition::READY] {
+        let c = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == type_)
+            .unwrap_or_else(|| panic!("{type_}"));
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", reason::ROLLOUT_PENDING)
+        );
+        assert!(c.message.contains("fabric-a"), "{}", c.message);
+    }
+    assert!(!conditions::is_true(
+        &status.conditions,
+        condition::DEGRADED,
+        None
+    ));
 }

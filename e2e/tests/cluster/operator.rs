@@ -172,17 +172,28 @@ fn rollout_budget_is_honoured_over_three_nodes() {
                 all.items.into_iter().filter(|rn| rn.spec.fabric == ROLLOUT_FABRIC).collect(),
             )
         };
+        // Every selected node has its RoceNode at once; those waiting for a slot hold a pending
+        // placeholder (their QoS gate holds their HCAs), the others the spec to apply.
+        let started = |list: &[RoceNode]| list.iter().filter(|rn| !rn.spec.pending).count();
         for wave in 1..=3usize {
-            let pending = eventually(&format!("wave {wave}: one more RoceNode"), || async {
+            let pending = eventually(&format!("wave {wave}: one more node started"), || async {
                 let list = owned().await?;
-                if list.len() == wave { Ok(list) } else { Err(format!("{} RoceNodes", list.len())) }
+                if list.len() == 3 && started(&list) == wave {
+                    Ok(list)
+                } else {
+                    Err(format!("{} RoceNodes, {} started", list.len(), started(&list)))
+                }
             })
             .await;
             // The budget holds for a while: no second node is started before this one reports.
             tokio::time::sleep(Duration::from_secs(3)).await;
             let list = owned().await.expect("list");
-            assert_eq!(list.len(), wave, "maxUnavailable 1: one node in progress at a time");
-            let fresh: Vec<&RoceNode> = pending.iter().filter(|rn| rn.status.is_none()).collect();
+            assert_eq!(started(&list), wave, "maxUnavailable 1: one node in progress at a time");
+            assert_eq!(list.len(), 3, "the waiting nodes keep their pending RoceNodes");
+            let fresh: Vec<&RoceNode> = pending
+                .iter()
+                .filter(|rn| !rn.spec.pending && rn.status.is_none())
+                .collect();
             assert_eq!(fresh.len(), 1, "exactly one node waits for its agent");
             let rn = fresh[0];
             let status = json!({"status": {

@@ -51,6 +51,7 @@ pub(crate) fn desired_spec(fabric: &FabricView<'_>) -> RoceNodeSpec {
         fabric_generation: fabric.generation,
         qos: fabric.obj.spec.qos.rendered(),
         nic_selector: fabric.obj.spec.nic_selector.clone(),
+        pending: false,
     }
 }
 
@@ -60,6 +61,7 @@ fn same_node_config(held: &RoceNodeSpec, desired: &RoceNodeSpec) -> bool {
     held.fabric == desired.fabric
         && held.qos == desired.qos
         && held.nic_selector == desired.nic_selector
+        && held.pending == desired.pending
 }
 
 /// What a RoceNode's status says about the generation its spec carries.
@@ -128,7 +130,9 @@ pub(crate) fn plan_rollout(
         .map(|&n| {
             let name = node_name(&nodes[n]);
             match roce_nodes.get(name) {
+                // A pending RoceNode only holds the node's place: it waits like a new node.
                 None => Class::Missing,
+                Some(rn) if rn.spec.pending => Class::Missing,
                 // Only what the node applies counts: an edit of the fabric that leaves the
                 // rendered QoS and NIC selection as they are (rollout pacing, shared memory)
                 // must not re-roll QoS over every node.
@@ -224,9 +228,25 @@ pub(crate) fn plan_rollout(
                 };
                 (action, NodeState::Pending)
             }
-            Class::Missing | Class::Stale { settling: false } => {
+            Class::Missing => {
+                // Its RoceNode exists at once, pending, so the node's QoS gate holds its HCAs
+                // until its turn comes and the QoS is proven.
+                let placeholder = RoceNodeSpec {
+                    pending: true,
+                    ..desired.clone()
+                };
+                let held = roce_nodes.get(name).map(|rn| &rn.spec);
+                if held != Some(&placeholder) {
+                    r.writes.push(Write::ApplyRoceNode {
+                        name: name.to_string(),
+                        fabric_name: fabric.name.to_string(),
+                        fabric_uid: fabric.uid.to_string(),
+                        spec: placeholder,
+                    });
+                }
                 (NodeAction::Waiting, NodeState::Pending)
             }
+            Class::Stale { settling: false } => (NodeAction::Waiting, NodeState::Pending),
         };
         r.nodes.push(entry);
     }

@@ -391,11 +391,23 @@ fn report(rn: &mut RoceNode, applied: bool) {
     });
 }
 
+/// Nodes given a spec to apply (pending placeholders excluded).
 pub fn applied_nodes(p: &Plan) -> Vec<String> {
+    roce_node_writes(p, false)
+}
+
+/// Nodes given a pending placeholder RoceNode (selected, waiting for their rollout slot).
+pub fn pending_nodes(p: &Plan) -> Vec<String> {
+    roce_node_writes(p, true)
+}
+
+fn roce_node_writes(p: &Plan, pending: bool) -> Vec<String> {
     p.writes
         .iter()
         .filter_map(|w| match w {
-            Write::ApplyRoceNode { name, .. } => Some(name.clone()),
+            Write::ApplyRoceNode { name, spec, .. } if spec.pending == pending => {
+                Some(name.clone())
+            }
             _ => None,
         })
         .collect()
