@@ -22,7 +22,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::WatchStreamExt;
@@ -390,16 +390,20 @@ pub fn node_conditions(interfaces: &[InterfaceStatus]) -> Vec<DesiredCondition> 
     ]
 }
 
+/// The conditions the node's status holds now (merged with, to keep transition times).
+fn previous_conditions(node: &RoceNode) -> &[Condition] {
+    node.status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default()
+}
+
 /// The status of a node waiting for its rollout slot (pure): nothing applied, `QosApplied`
 /// and `Ready` False (`RolloutPending`) so the device plugin's gate holds the HCAs, and no
 /// fabric generation reported (the operator must not read it as the outcome of the real spec).
 pub fn pending_status(node: &RoceNode, now: &Time) -> RoceNodeStatus {
     let generation = node.metadata.generation;
-    let previous = node
-        .status
-        .as_ref()
-        .map(|s| s.conditions.as_slice())
-        .unwrap_or_default();
+    let previous = previous_conditions(node);
     let message = format!(
         "selected by fabric {}, waiting for a rollout slot: nothing applied yet",
         node.spec.fabric
@@ -430,11 +434,7 @@ pub fn node_status(
     now: &Time,
 ) -> RoceNodeStatus {
     let generation = node.metadata.generation;
-    let previous = node
-        .status
-        .as_ref()
-        .map(|s| s.conditions.as_slice())
-        .unwrap_or_default();
+    let previous = previous_conditions(node);
     RoceNodeStatus {
         observed_generation: generation,
         fabric_generation: Some(node.spec.fabric_generation),
