@@ -1069,6 +1069,20 @@ fn admission_policies_confine_the_service_accounts() {
         let condition = p["spec"]["matchConditions"][0]["expression"]
             .as_str()
             .unwrap();
+        if name.ends_with("-region-gate") {
+            // Everyone's pods: one labelled for a fabric is created behind the region gate.
+            assert!(condition.contains("'rocefabric.io/fabric'"), "{condition}");
+            let rule = &p["spec"]["validations"][0]["expression"];
+            assert!(
+                rule.as_str().unwrap().contains("'rocefabric.io/region'"),
+                "{rule}"
+            );
+            assert_eq!(
+                p["spec"]["matchConstraints"]["resourceRules"][0]["operations"],
+                json!(["CREATE"])
+            );
+            continue;
+        }
         let sa = if name.ends_with("-own-rocenode") {
             "node"
         } else {
@@ -1109,6 +1123,13 @@ fn admission_policies_confine_the_service_accounts() {
     .map(|(a, r)| (a, r.to_string()))
     .collect();
     assert_eq!(covered, want);
+    assert!(
+        policies.iter().any(|p| p["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .ends_with("-region-gate")),
+        "the region gate is required"
+    );
     let off = render(&engine, json!({"admissionPolicies": {"enabled": false}}));
     assert!(of_kind(&off, "ValidatingAdmissionPolicy").is_empty());
 }

@@ -419,6 +419,25 @@ fn only_the_operator_writes_region_annotations() {
             REFUSED,
             "the admin adds a region annotation",
         );
+        // A pod labelled for a fabric must be created behind the region gate.
+        let ungated: Pod = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "vap-ungated", "namespace": WORKLOAD_NAMESPACE,
+                         "labels": {"rocefabric.io/fabric": "e2e"}},
+            "spec": {"containers": [{"name": "c", "image": local.busybox_image}]}
+        }))
+        .expect("pod");
+        denied_with(
+            pods.create(&dry, &ungated).await.map(|_| String::new()).map_err(|e| e.to_string()),
+            "must be created with the rocefabric.io/region scheduling gate",
+            "a fabric pod created without the gate",
+        );
+        let mut gated = ungated.clone();
+        gated.spec.get_or_insert_default().scheduling_gates =
+            Some(vec![k8s_openapi::api::core::v1::PodSchedulingGate {
+                name: "rocefabric.io/region".into(),
+            }]);
+        pods.create(&dry, &gated).await.expect("the same pod with the gate is admitted");
         // Other edits of pods are none of its business.
         let label = json!({"metadata": {"labels": {"edited": "yes"}}});
         pods.patch("vap-plain", &params, &kube::api::Patch::Merge(&label))
