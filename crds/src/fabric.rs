@@ -38,6 +38,11 @@ use crate::nic_selector::NicSelector;
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("!has(oldSelf.sharedMemory) || has(self.sharedMemory)")
+        .message("sharedMemory cannot be removed: running pods keep the windows they were given; delete the fabric once its pods are gone")
+        .reason(Reason::FieldValueForbidden)
+)]
 pub struct RoceFabricSpec {
     /// Nodes that belong to the fabric. Empty selects every node. A node selected by two
     /// fabrics belongs to the older one.

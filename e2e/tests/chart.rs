@@ -363,8 +363,8 @@ fn default_render_has_every_part_and_nothing_optional() {
         ("RoleBinding", 1),
         ("Service", 2),
         ("ConfigMap", 1),
-        ("ValidatingAdmissionPolicy", 4),
-        ("ValidatingAdmissionPolicyBinding", 4),
+        ("ValidatingAdmissionPolicy", 5),
+        ("ValidatingAdmissionPolicyBinding", 5),
     ]
     .into_iter()
     .map(|(k, n)| (k.to_string(), n))

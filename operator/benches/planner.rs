@@ -272,6 +272,7 @@ fn main() {
         .map(|i| Request {
             existing: None,
             len: 1 + u32::from(i % 16 == 0),
+            pinned: false,
         })
         .collect();
     let (a, alloc_peak) = peak_of(|| allocate(g, &fresh, &[]));
@@ -288,6 +289,7 @@ fn main() {
         .map(|o| Request {
             existing: o.slots(),
             len: 1,
+            pinned: false,
         })
         .collect();
     let cooling: Vec<Slots> = (0..1_000)
@@ -305,6 +307,7 @@ fn main() {
         .map(|_| Request {
             existing: None,
             len: 1,
+            pinned: false,
         })
         .collect();
     let (best, mean, a) = timed(5, || allocate(full, &over, &[]));

@@ -44,9 +44,10 @@ use crate::metrics::{FabricFigures, Metrics};
 use crate::planner::{self, Plan, PlanOptions, World, Write};
 use crate::regions::FreedRegions;
 
-/// Longest wait for one write. Below the Lease's 10 s renew deadline, so a write sent while
-/// leading cannot be waited on long after leadership is lost.
-pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest wait for one write. A leader steps down at most its renew deadline (10 s) after the
+/// last renewal it sent, and another replica takes over no sooner than the lease duration
+/// (15 s) after that renewal: a write sent while leading is given up before the gap closes.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Settings of the reconcile loop.
 #[derive(Clone, Debug)]

@@ -335,6 +335,9 @@ impl LeaderElector {
     pub async fn run(mut self, leader: watch::Sender<bool>, shutdown: CancellationToken) {
         let mut last_renewed: Option<Instant> = None;
         loop {
+            // A renewal counts from when it was sent: the API server may have applied it at any
+            // moment after that, so that is when the others' view of the Lease restarts.
+            let sent = Instant::now();
             let budget = self.step_budget(last_renewed);
             let result = tokio::select! {
                 () = shutdown.cancelled() => break,
@@ -349,7 +352,7 @@ impl LeaderElector {
             let now = Instant::now();
             match result {
                 Ok(Step::Leading) => {
-                    last_renewed = Some(now);
+                    last_renewed = Some(sent);
                     if !*leader.borrow() {
                         tracing::info!(identity = %self.config.identity, "became leader");
                     }
@@ -373,9 +376,18 @@ impl LeaderElector {
                     }
                 }
             }
+            // A leader whose renewals fail wakes up at its deadline at the latest (the next
+            // step's budget is then zero, and it steps down), never a retry period after it.
+            let pause = match last_renewed {
+                Some(at) => self
+                    .config
+                    .retry_period
+                    .min(self.config.renew_deadline.saturating_sub(at.elapsed())),
+                None => self.config.retry_period,
+            };
             tokio::select! {
                 () = shutdown.cancelled() => break,
-                () = tokio::time::sleep(self.config.retry_period) => {}
+                () = tokio::time::sleep(pause) => {}
             }
         }
         let was_leader = leader.send_replace(false);

@@ -203,6 +203,22 @@ impl Geometry {
         self.window_slots(a.id, a.base, a.size)
     }
 
+    /// The slots of this geometry that overlap the byte range `[base, base + size)`, clamped to
+    /// the space; `None` when the range lies outside it or is empty.
+    pub fn covering(&self, base: u64, size: u64) -> Option<Slots> {
+        let first = base / self.region_size;
+        let end = base
+            .saturating_add(size)
+            .div_ceil(self.region_size)
+            .min(u64::from(self.max_regions));
+        let first_u32 = u32::try_from(first).ok()?;
+        let len = u32::try_from(end.checked_sub(first)?).ok()?;
+        (size > 0 && len > 0).then_some(Slots {
+            first: first_u32,
+            len,
+        })
+    }
+
     /// [`Geometry::slots_of`] over the recorded fields.
     pub fn window_slots(&self, id: u32, base: u64, size: u64) -> Result<Slots, RegionError> {
         let bad = |reason| RegionError::Misaligned {
@@ -360,6 +376,10 @@ pub struct Request {
     pub existing: Option<Slots>,
     /// Slots it needs when it has to get a new window.
     pub len: u32,
+    /// A started pod: its recorded window is in use and never moves. When an older claim holds
+    /// part of it, it gets no new window ([`Outcome::Waiting`] with `lost`) and its slots stay
+    /// out of every new allocation all the same.
+    pub pinned: bool,
 }
 
 /// What [`allocate`] decided for one request.
@@ -407,6 +427,17 @@ impl Allocation {
 /// window and who gets the lower new window). `cooling` windows (freed, in their grace period)
 /// are never handed out; a recorded claim over them stays, as the annotation is the truth.
 pub fn allocate(geometry: Geometry, requests: &[Request], cooling: &[Slots]) -> Allocation {
+    allocate_with_reserved(geometry, requests, &[], cooling)
+}
+
+/// [`allocate`] with `reserved` windows: in use by pods that hold no window of this geometry
+/// (a started pod whose annotation cannot be placed), never handed out, counted as live.
+pub fn allocate_with_reserved(
+    geometry: Geometry,
+    requests: &[Request],
+    reserved: &[Slots],
+    cooling: &[Slots],
+) -> Allocation {
     let mut map = SlotMap::new(geometry.max_regions);
     let mut outcomes: Vec<Option<Outcome>> = vec![None; requests.len()];
     let mut lost: Vec<Option<Slots>> = vec![None; requests.len()];
@@ -418,6 +449,16 @@ pub fn allocate(geometry: Geometry, requests: &[Request], cooling: &[Slots]) -> 
                 lost[i] = Some(s);
             }
         }
+    }
+    // Windows in use whatever the claims say: pinned losers and reserved ranges.
+    for (i, r) in requests.iter().enumerate() {
+        if let (true, Some(l)) = (r.pinned, lost[i]) {
+            map.mark(l);
+            outcomes[i] = Some(Outcome::Waiting { lost: Some(l) });
+        }
+    }
+    for s in reserved {
+        map.mark(*s);
     }
     let live_before = map.taken();
     for s in cooling {

@@ -887,3 +887,63 @@ fn a_copied_annotation_is_never_honoured() {
         "{msg}"
     );
 }
+
+/// A running pod whose window the fabric cannot keep still uses it: its slots stay out of every
+/// new allocation (an overlapping younger claim, or a window of another geometry), so no new pod
+/// is given bytes a running pod reads and writes.
+#[test]
+fn a_running_pod_s_unkeepable_window_is_never_handed_to_a_new_pod() {
+    let window = |id: u32, base: u64, size: u64| {
+        RegionAssignment {
+            fabric: "f".into(),
+            id,
+            base,
+            size,
+        }
+        .to_annotation()
+    };
+    let pods = vec![
+        // Older A holds region 1; younger B records regions 0..3 (overlapping A) and runs.
+        with_annotation(
+            scheduled(pod("ns", "a", 0, &[MEMBER], false), "n0", "10.0.0.1"),
+            &window(1, GI, GI),
+        ),
+        with_annotation(
+            scheduled(pod("ns", "b", 1, &[MEMBER], false), "n0", "10.0.0.2"),
+            &window(0, 0, 3 * GI),
+        ),
+        pod("ns", "c", 2, &[MEMBER], true),
+    ];
+    let mut w = world(vec![shm(4)], nodes("n", 1, &[]), pods);
+    step(&mut w);
+    assert_eq!(
+        region_of(&w, "ns", "b").unwrap().id,
+        0,
+        "b is never rewritten"
+    );
+    assert_eq!(
+        region_of(&w, "ns", "c").unwrap().id,
+        3,
+        "c gets the only slot b does not use"
+    );
+
+    // A running pod whose window is not of this geometry (half a region off): the regions it
+    // covers are reserved.
+    let pods = vec![
+        with_annotation(
+            scheduled(pod("ns", "odd", 0, &[MEMBER], false), "n0", "10.0.0.1"),
+            &window(0, GI / 2, GI),
+        ),
+        pod("ns", "d", 1, &[MEMBER], true),
+        pod("ns", "e", 2, &[MEMBER], true),
+    ];
+    let mut w = world(vec![shm(4)], nodes("n", 1, &[]), pods);
+    step(&mut w);
+    let got: Vec<u32> = ["d", "e"]
+        .iter()
+        .map(|n| region_of(&w, "ns", n).unwrap().id)
+        .collect();
+    assert_eq!(got, [2, 3], "regions 0 and 1 hold odd's bytes");
+    let msg = condition_message(&w, "f", condition::DEGRADED);
+    assert!(msg.contains("ns/odd"), "{msg}");
+}

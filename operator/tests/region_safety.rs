@@ -78,8 +78,8 @@ struct Sim {
     next_pod: u32,
     /// uid -> the annotation it had when first seen started.
     started: HashMap<String, String>,
-    /// uid -> (window, when first seen) of every pod seen with a window.
-    assigned: HashMap<String, (RegionAssignment, k8s_openapi::jiff::Timestamp)>,
+    /// (uid, annotation) -> (window, when first seen): every window every pod was seen with.
+    assigned: HashMap<(String, String), (RegionAssignment, k8s_openapi::jiff::Timestamp)>,
     /// Windows of pods gone or finished, and when they went.
     freed: Vec<(RegionAssignment, k8s_openapi::jiff::Timestamp)>,
     options: PlanOptions,
@@ -320,13 +320,14 @@ impl Sim {
         // A window is handed out again only after the grace period of its last holder.
         let grace = self.options.region_grace;
         for p in self.truth.pods.iter().filter(|p| !finished(p)) {
-            let Some(a) = annotation(p).and_then(|a| RegionAssignment::parse(a).ok()) else {
+            let Some(text) = annotation(p) else { continue };
+            let Ok(a) = RegionAssignment::parse(text) else {
                 continue;
             };
             let uid = p.metadata.uid.clone().unwrap_or_default();
             let (a, since) = self
                 .assigned
-                .entry(uid)
+                .entry((uid, text.clone()))
                 .or_insert((a, self.truth.now))
                 .clone();
             for (f, at) in &self.freed {

@@ -13,6 +13,7 @@ fn new(len: u32) -> Request {
     Request {
         existing: None,
         len,
+        pinned: false,
     }
 }
 
@@ -67,6 +68,7 @@ fn a_request_skips_runs_too_short_for_it() {
         .map(|s| Request {
             existing: Some(*s),
             len: 1,
+            pinned: false,
         })
         .chain([new(3), new(1)])
         .collect();
@@ -93,6 +95,7 @@ fn cooling_windows_are_not_handed_out_but_recorded_claims_over_them_stand() {
             Request {
                 existing: Some(Slots { first: 1, len: 1 }),
                 len: 1,
+                pinned: false,
             },
             new(1),
         ],
@@ -216,6 +219,7 @@ fn requests(max: u32) -> impl Strategy<Value = Vec<Request>> {
         .prop_map(|(existing, len)| Request {
             existing: existing.map(|(first, len)| Slots { first, len }),
             len,
+            pinned: false,
         });
     proptest::collection::vec(req, 0..60)
 }
@@ -226,6 +230,7 @@ fn valid_claims(g: Geometry, reqs: &[Request]) -> Vec<Request> {
         .map(|r| Request {
             existing: r.existing.filter(|s| s.end() <= u64::from(g.max_regions)),
             len: r.len,
+            pinned: false,
         })
         .collect()
 }
@@ -267,7 +272,7 @@ proptest! {
         let recorded: Vec<Request> = reqs
             .iter()
             .zip(&first.outcomes)
-            .map(|(r, o)| Request { existing: o.slots(), len: r.len })
+            .map(|(r, o)| Request { existing: o.slots(), len: r.len, pinned: false })
             .collect();
         let again = allocate(g, &recorded, &[]);
         for (o, a) in first.outcomes.iter().zip(&again.outcomes) {
@@ -286,7 +291,7 @@ proptest! {
         prop_assume!(u64::from(first) + u64::from(len) <= u64::from(max));
         let window = Slots { first, len };
         // The older pod (first) and the younger (second) record the same window.
-        let mut reqs = vec![Request { existing: Some(window), len }, Request { existing: Some(window), len }];
+        let mut reqs = vec![Request { existing: Some(window), len, pinned: false }, Request { existing: Some(window), len, pinned: false }];
         reqs.extend((0..extra).map(|_| new(1)));
         let a = allocate(g, &reqs, &[]);
         prop_assert_eq!(a.outcomes[0], Outcome::Kept(window));

@@ -140,6 +140,18 @@ fn cel_cases() -> Vec<CelCase> {
             )),
         },
         CelCase {
+            message: "sharedMemory cannot be removed",
+            object: fabric(
+                "e2e-geometry-4",
+                json!({"nodeSelector": {"matchLabels": {"rocefabric.io/e2e-none": "x"}},
+                       "sharedMemory": null}),
+            ),
+            before: Some(idle_fabric(
+                "e2e-geometry-4",
+                json!({"regionSize": "1Gi", "maxRegions": 8}),
+            )),
+        },
+        CelCase {
             message: "regionSize cannot change and maxRegions cannot shrink",
             object: idle_fabric(
                 "e2e-geometry-2",

@@ -190,6 +190,7 @@ pub(crate) fn plan_regions(
         .map_or((None, None), |s| (s.per_pod, s.per_namespace));
     let mut claims = Vec::with_capacity(pods.len());
     let mut wanted: Vec<Option<Request>> = Vec::with_capacity(pods.len());
+    let mut held: Vec<String> = Vec::new();
     for p in &pods {
         let claim = match &p.annotation {
             None => Claim::None,
@@ -229,10 +230,20 @@ pub(crate) fn plan_regions(
             (Claim::Existing(s), len) => Some(Request {
                 existing: Some(*s),
                 len: len.unwrap_or(s.len),
+                pinned: p.started(),
             }),
+            // A started pod whose window cannot be placed gets no other: see `reserved` below.
+            (Claim::Bad(_), _) if p.started() => None,
+            // Right after a takeover no new window is handed out (one the previous leader freed
+            // may still be cooling): the pod waits without taking room from anyone.
+            (_, Ok(_)) if hold_until.is_some() => {
+                held.push(p.key());
+                None
+            }
             (_, Ok(len)) => Some(Request {
                 existing: None,
                 len,
+                pinned: false,
             }),
             (_, Err(e)) => {
                 out.bad_requests.push((p.key(), e.to_string()));
@@ -340,7 +351,21 @@ pub(crate) fn plan_regions(
     cooling.sort_by_key(|c| c.slots);
     let cooling_slots: Vec<Slots> = cooling.iter().map(|c| c.slots).collect();
 
-    let allocation = regions::allocate(geometry, &requests, &cooling_slots);
+    // A started pod's window that does not fit this geometry (another fabric's space of the same
+    // name before a re-creation, a copied or hand-written annotation) is still in use: the
+    // regions it covers are reserved, and cool down when it goes.
+    let mut reserved = Vec::new();
+    for (p, c) in pods.iter().zip(&claims) {
+        if let (Claim::Bad(_), true, Some(Ok(a))) = (c, p.started(), &p.annotation)
+            && a.fabric == fabric.name
+            && let Some(s) = geometry.covering(a.base, a.size)
+        {
+            reserved.push(s);
+            out.ledger.live.insert(p.key(), s);
+        }
+    }
+    let allocation =
+        regions::allocate_with_reserved(geometry, &requests, &reserved, &cooling_slots);
     out.live_slots = allocation.live_slots;
 
     // Who holds which kept window, to name the older owner in reassignment Events (built only
@@ -373,13 +398,26 @@ pub(crate) fn plan_regions(
     let mut by_namespace: BTreeMap<&str, Vec<EntryRef<'_>>> = BTreeMap::new();
     for (i, p) in pods.iter().enumerate() {
         let Some(r) = request_of[i] else {
-            if detailed {
+            if let (Claim::Bad(why), true) = (&claims[i], p.started()) {
+                out.conflicts.push((
+                    p.key(),
+                    format!("its recorded window cannot be placed: {why}"),
+                ));
+            } else if detailed {
                 let why = out
                     .bad_requests
                     .iter()
                     .chain(&out.over_quota)
                     .find(|(k, _)| *k == p.key())
-                    .map(|(_, w)| w.clone());
+                    .map(|(_, w)| w.clone())
+                    .or_else(|| {
+                        held.contains(&p.key()).then(|| {
+                            format!(
+                                "the operator took over recently: new windows wait until {}",
+                                hold_until.unwrap_or(now)
+                            )
+                        })
+                    });
                 out.waiting
                     .push(waiting(p, fabric.name, why.unwrap_or_default()));
             }
@@ -403,19 +441,6 @@ pub(crate) fn plan_regions(
                 out.ledger.live.insert(p.key(), s);
             }
             out.conflicts.push((p.key(), why));
-            continue;
-        }
-        if let Some(until) = hold_until
-            && !matches!(outcome, Outcome::Kept(_) | Outcome::Waiting { .. })
-        {
-            // Just took over: no new window yet (one freed by the previous leader may be cooling).
-            if detailed {
-                out.waiting.push(waiting(
-                    p,
-                    fabric.name,
-                    format!("the operator took over recently: new windows wait until {until}"),
-                ));
-            }
             continue;
         }
         let mut writes = Vec::new();
