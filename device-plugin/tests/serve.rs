@@ -188,11 +188,7 @@ async fn allocate_gpu_hca_pair_gets_both_halves() {
         .allocate(GPU_HCA, &["0000:1b:00.0_0000:18:00.0"])
         .await
         .expect("allocate");
-    let paths: Vec<&str> = response
-        .devices
-        .iter()
-        .map(|d| d.host_path.as_str())
-        .collect();
+    let paths = host_paths(&response);
     assert_eq!(
         paths,
         [

@@ -16,7 +16,7 @@ use rocefabric_device_plugin::inventory::discover;
 use rocefabric_device_plugin::kubelet::pb;
 use rocefabric_device_plugin::model::{Distance, Hca, Health, Inventory, PortState};
 use rocefabric_device_plugin::topology;
-use serve_common::{HCA, Node, WAIT, fast_config, health_of, ids, start};
+use serve_common::{HCA, Node, WAIT, fast_config, health_of, host_paths, ids, start};
 
 /// rxe0 on the VM fixture's eth0 (MAC 52:54:00:12:34:56): the node GUID is the MAC in EUI-64.
 const VM_RXE_ID: &str = "virtual-505400fffe123456";
@@ -169,11 +169,7 @@ async fn allocating_a_soft_device_hands_out_its_uverbs_and_gid_index() {
     assert!(device.topology.is_none(), "NUMA unknown: no topology hint");
 
     let response = kubelet.allocate(HCA, &[VM_RXE_ID]).await.unwrap();
-    let paths: Vec<&str> = response
-        .devices
-        .iter()
-        .map(|d| d.host_path.as_str())
-        .collect();
+    let paths = host_paths(&response);
     assert_eq!(
         paths,
         ["/dev/infiniband/uverbs0", "/dev/infiniband/rdma_cm"]

@@ -149,14 +149,15 @@ impl Guest {
         let bin = stage.join(GUEST_BIN.trim_start_matches('/'));
         fs::create_dir_all(&bin).map_err(|e| format!("{}: {e}", bin.display()))?;
         fs::write(stage.join("scenario"), &self.scenario).map_err(|e| e.to_string())?;
+        let base = fs::read(&image.base_initrd)
+            .map_err(|e| format!("{}: {e}", image.base_initrd.display()))?;
         for b in &self.binaries {
             let name = b.file_name().ok_or("a binary without a file name")?;
-            check_libraries(b, &image.base_initrd)?;
+            check_libraries(b, &base)?;
             strip_copy(b, &bin.join(name))?;
         }
         let initrd = work.join(format!("{}.initrd", self.name));
-        fs::copy(&image.base_initrd, &initrd)
-            .map_err(|e| format!("{}: {e}", image.base_initrd.display()))?;
+        fs::write(&initrd, &base).map_err(|e| format!("{}: {e}", initrd.display()))?;
         let lib = workspace_root().join("e2e/vm/lib.sh");
         let appended = Command::new("bash")
             .arg("-c")
@@ -216,12 +217,11 @@ impl Guest {
 /// Fail early, naming the library, when a binary needs a shared library the base image lacks
 /// (the guest's loader would only say "not found"). The base holds what `ldd` lists for its
 /// programs, glibc and libgcc_s among them.
-fn check_libraries(binary: &Path, base: &Path) -> Result<(), String> {
+fn check_libraries(binary: &Path, base_names: &[u8]) -> Result<(), String> {
     let Ok(out) = Command::new("ldd").arg(binary).output() else {
         return Ok(());
     };
     let listing = String::from_utf8_lossy(&out.stdout);
-    let base_names = fs::read(base).unwrap_or_default();
     for lib in listing.lines().filter_map(|l| l.split_whitespace().next()) {
         let name = lib.rsplit('/').next().unwrap_or(lib);
         if name.starts_with("linux-vdso") || name.is_empty() {

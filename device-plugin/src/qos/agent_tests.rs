@@ -684,15 +684,9 @@ fn the_default_route_interface_is_touched_only_when_named() {
 /// selector naming it configures it (a Soft-RoCE test cluster).
 #[test]
 fn a_virtual_rdma_device_is_configured_only_when_named() {
-    let dir = crate::fixtures::tempdir().expect("temp dir");
-    crate::fixtures::FixtureNode::dgx_h100()
-        .with_soft_roce("rxe0", "eno3", Some(14))
-        .write_to(dir.path())
-        .expect("fixture");
-    let roots = Roots {
-        sysfs: dir.path().to_path_buf(),
-        ..Roots::default()
-    };
+    let (_dir, roots) = crate::qos::fixture_tests::written_roots(
+        &crate::fixtures::FixtureNode::dgx_h100().with_soft_roce("rxe0", "eno3", Some(14)),
+    );
     let netdevs = |selector: NicSelector| {
         let mut node = roce_node(1);
         node.spec.nic_selector = selector;

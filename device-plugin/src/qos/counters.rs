@@ -731,11 +731,11 @@ mod tests {
 
     #[test]
     fn rxe_transport_counters_are_exported_from_its_hw_counters() {
-        let dir = tempfile::tempdir().unwrap();
-        crate::fixtures::FixtureNode::vm_soft_roce()
-            .write_to(dir.path())
-            .unwrap();
-        let hw = dir.path().join("class/infiniband/rxe0/ports/1/hw_counters");
+        let (_dir, roots) =
+            crate::qos::fixture_tests::written_roots(&crate::fixtures::FixtureNode::vm_soft_roce());
+        let hw = roots
+            .sysfs
+            .join("class/infiniband/rxe0/ports/1/hw_counters");
         for (file, value) in [
             ("sent_pkts", "4021"),
             ("rcvd_pkts", "3990"),
@@ -745,11 +745,6 @@ mod tests {
         ] {
             fs::write(hw.join(file), format!("{value}\n")).unwrap();
         }
-        let roots = Roots {
-            sysfs: dir.path().into(),
-            debugfs: dir.path().join("debug"),
-            configfs: dir.path().join("config"),
-        };
         let targets = Arc::new(RwLock::new(vec![NetdevFiles::resolve(&roots, "eth0")]));
         let text = scrape(
             FabricCounters::new(targets, Box::new(|| None))

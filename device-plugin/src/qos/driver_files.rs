@@ -513,12 +513,7 @@ mod tests {
                 "eno3",
             ),
         ] {
-            let dir = crate::fixtures::tempdir().expect("temp dir");
-            node.write_to(dir.path()).expect("fixture");
-            let roots = Roots {
-                sysfs: dir.path().to_path_buf(),
-                ..Roots::default()
-            };
+            let (_dir, roots) = crate::qos::fixture_tests::written_roots(&node);
             let files = NetdevFiles::resolve(&roots, netdev);
             assert_eq!(
                 files.rdma,
@@ -530,15 +525,9 @@ mod tests {
             );
         }
         // A ConnectX netdev keeps its own device even with an rxe elsewhere on the node.
-        let dir = crate::fixtures::tempdir().expect("temp dir");
-        FixtureNode::dgx_h100()
-            .with_soft_roce("rxe0", "eno3", Some(14))
-            .write_to(dir.path())
-            .expect("fixture");
-        let roots = Roots {
-            sysfs: dir.path().to_path_buf(),
-            ..Roots::default()
-        };
+        let (_dir, roots) = crate::qos::fixture_tests::written_roots(
+            &FixtureNode::dgx_h100().with_soft_roce("rxe0", "eno3", Some(14)),
+        );
         let files = NetdevFiles::resolve(&roots, "enp24s0np0");
         assert_eq!(files.rdma.map(|r| r.device).as_deref(), Some("mlx5_0"));
     }

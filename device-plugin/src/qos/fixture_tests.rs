@@ -40,6 +40,17 @@ fn put(path: &Path, text: &str) {
 
 /// The DGX H100 fixture cut down to the first compute rail's ConnectX-7 with short
 /// GID tables: the same layout as the kernel's, a few hundred files instead of thousands.
+/// `node` written to a temp dir, with QoS roots whose sysfs is that tree.
+pub(crate) fn written_roots(node: &FixtureNode) -> (tempfile::TempDir, Roots) {
+    let dir = crate::fixtures::tempdir().expect("temp dir");
+    node.write_to(dir.path()).expect("fixture");
+    let roots = Roots {
+        sysfs: dir.path().to_path_buf(),
+        ..Roots::default()
+    };
+    (dir, roots)
+}
+
 pub(crate) fn small_node() -> FixtureNode {
     let mut node = FixtureNode::dgx_h100();
     node.functions.retain(|f| f.address == BDF);

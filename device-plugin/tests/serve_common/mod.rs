@@ -141,6 +141,15 @@ pub fn health_of<'a>(devices: &'a [pb::Device], id: &str) -> Option<&'a str> {
         .map(|d| d.health.as_str())
 }
 
+/// The host paths of an Allocate response's device nodes, in order.
+pub fn host_paths(response: &pb::ContainerAllocateResponse) -> Vec<&str> {
+    response
+        .devices
+        .iter()
+        .map(|d| d.host_path.as_str())
+        .collect()
+}
+
 /// IDs in a device list.
 pub fn ids(devices: &[pb::Device]) -> Vec<&str> {
     devices.iter().map(|d| d.id.as_str()).collect()

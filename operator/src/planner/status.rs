@@ -61,6 +61,11 @@ pub(crate) fn list<S: AsRef<str>>(names: &[S]) -> String {
     out
 }
 
+/// `ns/pod: why` for each pod.
+fn pods_with_reasons(pods: &[(String, String)]) -> Vec<String> {
+    pods.iter().map(|(p, why)| format!("{p}: {why}")).collect()
+}
+
 fn plural(n: u32, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
 }
@@ -118,33 +123,21 @@ pub(crate) fn valid_status(
         });
     }
     if !facts.bad_requests.is_empty() {
-        let named: Vec<String> = facts
-            .bad_requests
-            .iter()
-            .map(|(p, why)| format!("{p}: {why}"))
-            .collect();
+        let named = pods_with_reasons(&facts.bad_requests);
         problems.push(Problem {
             reason: REGION_REQUEST_INVALID,
             detail: list(&named),
         });
     }
     if !facts.over_quota.is_empty() {
-        let named: Vec<String> = facts
-            .over_quota
-            .iter()
-            .map(|(p, why)| format!("{p}: {why}"))
-            .collect();
+        let named = pods_with_reasons(&facts.over_quota);
         problems.push(Problem {
             reason: REGION_QUOTA_EXCEEDED,
             detail: format!("pods wait for their namespace's quota: {}", list(&named)),
         });
     }
     if !facts.conflicts.is_empty() {
-        let named: Vec<String> = facts
-            .conflicts
-            .iter()
-            .map(|(p, why)| format!("{p}: {why}"))
-            .collect();
+        let named = pods_with_reasons(&facts.conflicts);
         problems.push(Problem {
             reason: REGION_CONFLICT,
             detail: format!(
