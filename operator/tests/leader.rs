@@ -242,19 +242,23 @@ async fn leader_steps_down_when_it_cannot_renew_within_the_deadline() {
     let (mut api, mut rx, shutdown, task) = leading("op-0").await;
     let became = tokio::time::Instant::now();
 
-    // The API server fails every read from now on.
+    // The API server fails every read from now on, each after 700 ms (so the retries drift off
+    // the 2 s grid: a leader that slept a full retry period past its deadline would be late).
     loop {
         tokio::select! {
             call = api.next("lease read") => {
                 assert_eq!(call.method, Method::GET);
-                call.fail(503, "ServiceUnavailable");
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(700)).await;
+                    call.fail(503, "ServiceUnavailable");
+                });
             }
             res = rx.wait_for(|l| !*l) => { res.expect("stepped down"); break; }
         }
     }
     let after = became.elapsed();
     assert!(
-        after >= Duration::from_secs(10) && after < Duration::from_millis(10_500),
+        after >= Duration::from_secs(10) && after < Duration::from_millis(10_050),
         "stepped down after {after:?}: at the renew deadline, not a retry period later"
     );
     shutdown.cancel();
