@@ -41,7 +41,7 @@ pub fn daemon_binary() -> Result<PathBuf, String> {
     BINARY
         .get_or_init(|| match std::env::var_os(BINARY_ENV) {
             Some(path) => Ok(PathBuf::from(path)),
-            None => build_daemon().map_err(|e| e.to_string()),
+            None => build_binary("rocefabric-device-plugin", DAEMON_BIN).map_err(|e| e.to_string()),
         })
         .clone()
 }
@@ -49,18 +49,20 @@ pub fn daemon_binary() -> Result<PathBuf, String> {
 /// Environment variable naming a prebuilt node daemon binary.
 pub const BINARY_ENV: &str = "ROCEFABRIC_NODE_BINARY";
 
-fn build_daemon() -> Result<PathBuf, HarnessError> {
+/// The data plane CLI `rocefabric-dsm`, built for this run (once per process).
+pub fn dsm_binary() -> Result<PathBuf, String> {
+    static BINARY: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    BINARY
+        .get_or_init(|| build_binary("rocefabric-dsm", "rocefabric-dsm").map_err(|e| e.to_string()))
+        .clone()
+}
+
+/// `cargo build` one binary of the workspace and return its path.
+fn build_binary(package: &str, bin: &'static str) -> Result<PathBuf, HarnessError> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let out = Command::new(&cargo)
         .current_dir(workspace_root())
-        .args([
-            "build",
-            "-q",
-            "-p",
-            "rocefabric-device-plugin",
-            "--bin",
-            DAEMON_BIN,
-        ])
+        .args(["build", "-q", "-p", package, "--bin", bin])
         .args(["--message-format=json"])
         .stderr(Stdio::piped())
         .output()
@@ -76,9 +78,9 @@ fn build_daemon() -> Result<PathBuf, HarnessError> {
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == DAEMON_BIN)
+        .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == bin)
         .find_map(|m| m["executable"].as_str().map(PathBuf::from))
-        .ok_or(HarnessError::NoExecutable(DAEMON_BIN))
+        .ok_or(HarnessError::NoExecutable(bin))
 }
 
 /// A running daemon process, killed when dropped. Its stderr goes to a file kept for messages.

@@ -379,3 +379,24 @@ impl Run {
             .collect()
     }
 }
+
+/// Boot `a` (listening) and `b` (connecting) on one emulated wire and wait for both: `a`'s NIC
+/// listens on a free port and `b`'s connects to it, whatever `nic` they were given.
+pub fn run_pair(
+    mut a: Guest,
+    mut b: Guest,
+    image: &Image,
+    work: &Path,
+    timeout: Duration,
+) -> Result<(Run, Run), String> {
+    let port = free_port().map_err(|e| e.to_string())?;
+    a.nic = Nic::Listen(port);
+    b.nic = Nic::Connect(port);
+    let a = a.start(image, work)?;
+    // qemu's listening socket must exist before the other end connects.
+    wait_listening(port, Duration::from_secs(30))?;
+    let b = b.start(image, work)?;
+    let b = b.wait(timeout);
+    let a = a.wait(timeout);
+    Ok((a, b))
+}

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use rocefabric_e2e::node::daemon_binary;
 use rocefabric_e2e::skip;
-use rocefabric_e2e::vm::{self, Guest, Nic, Run};
+use rocefabric_e2e::vm::{self, Guest, Run};
 use serde_json::Value;
 
 /// Bound of one VM run; a healthy run takes well under a minute.
@@ -169,26 +169,23 @@ fn wire_runs(test: &str) -> Option<&'static (Run, Run)> {
         let bins = binaries()?;
         let work = tempfile::tempdir().map_err(|e| e.to_string())?;
         let _one_set_at_a_time = vm::exclusive();
-        let port = vm::free_port().map_err(|e| e.to_string())?;
-        let end = |name: &str, server: bool, nic: Nic, mac: &str| {
+        let end = |name: &str, server: bool, mac: &str| {
             let mut g = Guest::new(
                 name,
                 &format!("{PRELUDE}{}", wire_scenario(server)),
                 bins.clone(),
             );
-            g.nic = nic;
             g.mac = mac.into();
             g.cpus = 1;
             g
         };
-        let a =
-            end("a", true, Nic::Listen(port), "52:54:00:00:00:0a").start(&image, work.path())?;
-        // qemu's listening socket must exist before the other end connects.
-        vm::wait_listening(port, Duration::from_secs(30))?;
-        let b =
-            end("b", false, Nic::Connect(port), "52:54:00:00:00:0b").start(&image, work.path())?;
-        let b = b.wait(VM_TIMEOUT);
-        let a = a.wait(VM_TIMEOUT);
+        let (a, b) = vm::run_pair(
+            end("a", true, "52:54:00:00:00:0a"),
+            end("b", false, "52:54:00:00:00:0b"),
+            &image,
+            work.path(),
+            VM_TIMEOUT,
+        )?;
         eprintln!(
             "soft_roce: wire VMs ran {:.1} s / {:.1} s",
             a.elapsed.as_secs_f64(),

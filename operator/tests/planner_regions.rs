@@ -103,7 +103,8 @@ fn each_pod_is_annotated_before_its_gate_is_removed() {
                 pod_ip: Some("10.0.0.7".into()),
                 id: 0,
                 base: 0,
-                size: GI
+                size: GI,
+                uid: Some("uid-ns-running".into()),
             },
             DirectoryEntry {
                 pod: "gated".into(),
@@ -111,7 +112,8 @@ fn each_pod_is_annotated_before_its_gate_is_removed() {
                 pod_ip: None,
                 id: 1,
                 base: GI,
-                size: GI
+                size: GI,
+                uid: Some("uid-ns-gated".into()),
             },
         ]
     );
@@ -502,7 +504,8 @@ fn pod_selectors_and_fabric_age_decide_which_fabric_serves_a_pod() {
 
 #[test]
 fn the_directory_stays_under_one_mebibyte_at_the_documented_scale() {
-    // Worst case entries: 253-character pod and node names, an IPv6 address, the largest numbers.
+    // Worst case entries: 253-character pod and node names, an IPv6 address, the largest numbers,
+    // a 36-character uid.
     let entry = |i: usize| DirectoryEntry {
         pod: format!("{i:0>253}"),
         node: Some("n".repeat(253)),
@@ -510,12 +513,13 @@ fn the_directory_stays_under_one_mebibyte_at_the_documented_scale() {
         id: 1_048_575,
         base: u64::MAX,
         size: u64::MAX,
+        uid: Some("0c4d8e21-7a3f-4b9e-8d1c-2e5f6a7b8c9d".into()),
     };
     let one = directory::render(&[entry(0)]);
-    assert!(
-        one.len() - "[\n\n]\n".len() + 2 <= MAX_ENTRY_BYTES,
-        "{} bytes",
-        one.len()
+    assert_eq!(
+        one.len() - "[\n\n]\n".len() + ",\n".len(),
+        MAX_ENTRY_BYTES,
+        "MAX_ENTRY_BYTES is the worst-case entry with its separator"
     );
     let entries: Vec<DirectoryEntry> = (0..DOCUMENTED_REGIONS_PER_NAMESPACE).map(entry).collect();
     let text = directory::render(&entries);
@@ -526,6 +530,36 @@ fn the_directory_stays_under_one_mebibyte_at_the_documented_scale() {
         text.len()
     );
     assert_eq!(directory::parse(&text).unwrap(), entries);
+}
+
+#[test]
+fn each_directory_line_carries_its_owner_pods_uid() {
+    let mut without = pod("ns", "no-uid", 1, &[MEMBER], false);
+    without.metadata.uid = None;
+    let pods = vec![pod("ns", "with-uid", 0, &[MEMBER], false), without];
+    let mut w = world(vec![shm(4)], vec![], pods);
+    step(&mut w);
+    let text = w
+        .config_maps
+        .iter()
+        .find(|cm| cm.metadata.name.as_deref() == Some("f-regions"))
+        .and_then(|cm| cm.data.as_ref())
+        .map(|d| d[DIRECTORY_KEY].clone())
+        .expect("a directory");
+    let line = |pod: &str| {
+        text.lines()
+            .find(|l| l.contains(&format!("\"pod\":\"{pod}\"")))
+            .unwrap_or_else(|| panic!("{pod} not listed: {text}"))
+            .to_string()
+    };
+    assert!(
+        line("with-uid").ends_with(r#","uid":"uid-ns-with-uid"},"#),
+        "the uid, last: {text}"
+    );
+    assert!(!line("no-uid").contains("\"uid\""), "no uid: {text}");
+    let entries = directory::parse(&text).unwrap();
+    assert_eq!(entries[0].uid.as_deref(), Some("uid-ns-with-uid"));
+    assert_eq!(entries[1].uid, None);
 }
 
 #[test]

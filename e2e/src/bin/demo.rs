@@ -117,6 +117,7 @@ async fn main() -> anyhow::Result<()> {
         pods: vec![examples.join("cluster-snapshot/pods.yaml")],
         roce_nodes: Vec::new(),
         output: OutputFormat::Table,
+        writes: false,
     };
     let out = operator_plan::plan_files(&args)?;
     print!("{}", operator_plan::render_table(&out));

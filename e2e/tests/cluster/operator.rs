@@ -361,6 +361,7 @@ fn leader_failover_while_assigning_windows_keeps_windows_disjoint() {
         // No window lost or rewritten: after the dust settles every annotation is what was first
         // seen, and the directory lists each pod with it.
         tokio::time::sleep(Duration::from_secs(5)).await;
+        let mut uids = std::collections::HashMap::new();
         for name in &names {
             let p = pods.get(name).await.expect("pod");
             assert_eq!(
@@ -368,6 +369,7 @@ fn leader_failover_while_assigning_windows_keeps_windows_disjoint() {
                 Some(&seen[name]),
                 "{name}'s window changed"
             );
+            uids.insert(name.clone(), p.metadata.uid.clone());
         }
         let configmaps = Api::namespaced(client.clone(), WORKLOAD_NAMESPACE);
         let entries = eventually("every pod in the directory", || async {
@@ -382,6 +384,7 @@ fn leader_failover_while_assigning_windows_keeps_windows_disjoint() {
         for (name, (base, size)) in &windows {
             let e = entries.iter().find(|e| &e.pod == name).expect("listed");
             assert_eq!((e.base, e.size), (*base, *size), "{name} in the directory");
+            assert_eq!(e.uid, uids[name], "{name}'s uid in the directory");
         }
         for name in &names {
             let _ = pods

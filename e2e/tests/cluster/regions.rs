@@ -130,6 +130,10 @@ fn gated_pod_gets_its_window_in_the_container_and_the_directory() {
             (entry.id, entry.base, entry.size),
             (region.id, region.base, region.size)
         );
+        assert_eq!(
+            entry.uid, pod.metadata.uid,
+            "the directory names the owner pod's uid"
+        );
 
         // Deleting the pod frees it: the directory drops it.
         crate::delete_pod(&pods, name).await;

@@ -14,7 +14,7 @@ use k8s_openapi::jiff::Timestamp;
 use serde::Serialize;
 
 use crate::planner::{
-    self, FabricReport, FieldErrorReport, NodeAction, PlanOptions, PlanReport, World,
+    self, FabricReport, FieldErrorReport, NodeAction, PlanOptions, PlanReport, World, Write,
 };
 use crate::regions::FreedRegions;
 use crate::snapshot::{Kind, Snapshot};
@@ -49,6 +49,10 @@ pub struct PlanArgs {
     /// `table` (default) or `json`.
     #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
     pub output: OutputFormat,
+    /// With `--output json`, also list every write in full (`writeList`): the annotation values,
+    /// directory texts and RoceNode specs the operator would send.
+    #[arg(long)]
+    pub writes: bool,
 }
 
 /// What `plan --output json` prints.
@@ -59,6 +63,9 @@ pub struct PlanOutput {
     pub report: PlanReport,
     /// The writes the operator's first pass would send, counted by kind.
     pub writes: BTreeMap<&'static str, usize>,
+    /// Every write in full, with `--writes`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub write_list: Option<Vec<Write>>,
 }
 
 /// Load the files and plan.
@@ -121,7 +128,11 @@ pub fn plan_files(args: &PlanArgs) -> anyhow::Result<PlanOutput> {
     for w in &plan.writes {
         *writes.entry(w.kind()).or_insert(0) += 1;
     }
-    Ok(PlanOutput { report, writes })
+    Ok(PlanOutput {
+        report,
+        writes,
+        write_list: args.writes.then_some(plan.writes),
+    })
 }
 
 /// Run `plan`, printing to stdout.

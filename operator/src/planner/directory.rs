@@ -4,22 +4,25 @@
 //!
 //! ```text
 //! [
-//! {"pod":"trainer-0","node":"dgx-001","podIP":"10.1.2.3","id":0,"base":0,"size":1073741824},
-//! {"pod":"trainer-1","id":1,"base":1073741824,"size":1073741824}
+//! {"pod":"trainer-0","node":"dgx-001","podIP":"10.1.2.3","id":0,"base":0,"size":1073741824,"uid":"9f3c2a7e-5b1d-4e8a-b6c0-1d2e3f4a5b6c"},
+//! {"pod":"trainer-1","id":1,"base":1073741824,"size":1073741824,"uid":"0c4d8e21-7a3f-4b9e-8d1c-2e5f6a7b8c9d"}
 //! ]
 //! ```
 //!
-//! `node` and `podIP` are left out until the pod is scheduled and has an address.
+//! `node` and `podIP` are left out until the pod is scheduled and has an address. `uid` is the
+//! owner pod's `metadata.uid`, last in the object, so that the data plane can refuse to write a
+//! window through a connection to a pod that no longer owns it. It is left out only for a pod without a
+//! uid (never the case for a pod read from the API server).
 //!
 //! # Scale
 //!
-//! One entry is at most [`MAX_ENTRY_BYTES`] (647) bytes with its separator: a 253-character pod name and node name,
-//! a 39-character IPv6 address, a 7-digit id and 20-digit base and size. Typical entries
-//! (names under 63 characters, IPv4) take about 150 bytes. The documented scale is
+//! One entry is at most [`MAX_ENTRY_BYTES`] (692) bytes with its separator: a 253-character pod name and node name,
+//! a 39-character IPv6 address, a 7-digit id, 20-digit base and size, and a 36-character uid.
+//! Typical entries (names under 63 characters, IPv4) take about 195 bytes. The documented scale is
 //! [`DOCUMENTED_REGIONS_PER_NAMESPACE`] (1,000) regions per namespace per fabric: at most
-//! 647,000 bytes (0.62 MiB) with worst-case names, about 150 KB with typical ones, well under the 1 MiB
-//! object limit. A directory that would exceed [`MAX_DIRECTORY_BYTES`] (900 KiB, about 1,400
-//! worst-case or 6,000 typical entries) is not written; the fabric reports
+//! 692,000 bytes (0.66 MiB) with worst-case names, about 195 KB with typical ones, well under the 1 MiB
+//! object limit. A directory that would exceed [`MAX_DIRECTORY_BYTES`] (900 KiB, about 1,330
+//! worst-case or 4,700 typical entries) is not written; the fabric reports
 //! `RegionDirectoryTooLarge` instead and the previous directory stays.
 
 use serde::{Deserialize, Serialize};
@@ -29,7 +32,7 @@ pub const DIRECTORY_KEY: &str = "regions.json";
 /// Largest directory the planner writes, in bytes of data.
 pub const MAX_DIRECTORY_BYTES: usize = 900 * 1024;
 /// Largest possible entry line (with its separator), in bytes.
-pub const MAX_ENTRY_BYTES: usize = 647;
+pub const MAX_ENTRY_BYTES: usize = 692;
 /// Regions per namespace per fabric the directory is sized for.
 pub const DOCUMENTED_REGIONS_PER_NAMESPACE: usize = 1_000;
 
@@ -45,6 +48,9 @@ pub struct DirectoryEntry {
     pub id: u32,
     pub base: u64,
     pub size: u64,
+    /// The owner pod's `metadata.uid`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
 }
 
 /// One region of the directory, borrowed from the pod, for rendering.
@@ -58,6 +64,8 @@ pub struct EntryRef<'a> {
     pub id: u32,
     pub base: u64,
     pub size: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uid: Option<&'a str>,
 }
 
 impl<'a> From<&'a DirectoryEntry> for EntryRef<'a> {
@@ -69,6 +77,7 @@ impl<'a> From<&'a DirectoryEntry> for EntryRef<'a> {
             id: e.id,
             base: e.base,
             size: e.size,
+            uid: e.uid.as_deref(),
         }
     }
 }
@@ -81,7 +90,7 @@ pub fn render(entries: &[DirectoryEntry]) -> String {
 
 /// [`render`] over borrowed entries.
 pub fn render_refs(entries: &[EntryRef<'_>]) -> String {
-    let mut out = String::with_capacity(4 + entries.len() * 160);
+    let mut out = String::with_capacity(4 + entries.len() * 200);
     out.push_str("[\n");
     for (i, e) in entries.iter().enumerate() {
         if i > 0 {

@@ -518,6 +518,7 @@ pub(crate) fn plan_regions(
             id: assignment.id,
             base: assignment.base,
             size: assignment.size,
+            uid: p.pod.metadata.uid.as_deref(),
         });
         if detailed {
             out.regions.push(RegionReport {

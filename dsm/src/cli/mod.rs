@@ -1,0 +1,233 @@
+//! Command line: flags (each with the variable a pod already has), then one subcommand.
+
+mod probe;
+mod session;
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use rocefabric_dsm::config::{self, Inputs};
+use rocefabric_dsm::{Config, Dsm};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "rocefabric-dsm",
+    version,
+    about = "Read and write the fabric's shared memory with one-sided RDMA"
+)]
+struct Cli {
+    /// This pod's region annotation (downward-API file).
+    #[arg(long, env = "ROCEFABRIC_REGION_FILE", default_value = config::DEFAULT_REGION_FILE, global = true)]
+    region: PathBuf,
+    /// The fabric's region directory (regions.json of the mounted <fabric>-regions ConfigMap).
+    #[arg(long, env = "ROCEFABRIC_DIRECTORY", default_value = config::DEFAULT_DIRECTORY, global = true)]
+    directory: PathBuf,
+    /// HCA port DEVICE[:PORT] (default: the first of NCCL_IB_HCA, which the device plugin sets).
+    #[arg(long, env = "ROCEFABRIC_HCA", global = true)]
+    hca: Option<String>,
+    /// RoCE v2 GID index.
+    #[arg(long, env = "NCCL_IB_GID_INDEX", global = true)]
+    gid_index: Option<String>,
+    /// Traffic class of the fabric's RoCE traffic.
+    #[arg(long, env = "NCCL_IB_TC", global = true)]
+    traffic_class: Option<String>,
+    /// This pod's name.
+    #[arg(long, env = "POD_NAME", global = true)]
+    pod: Option<String>,
+    /// This pod's uid.
+    #[arg(long, env = "POD_UID", global = true)]
+    uid: Option<String>,
+    /// Address the rendezvous endpoint listens on.
+    #[arg(long, default_value = "0.0.0.0", global = true)]
+    listen: IpAddr,
+    /// The fabric's rendezvous port.
+    #[arg(long, env = "ROCEFABRIC_DSM_PORT", default_value_t = config::DEFAULT_PORT, global = true)]
+    port: u16,
+    /// hugetlbfs mount for the window (default: /dev/hugepages when mounted).
+    #[arg(long, global = true)]
+    hugepages: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Expose this pod's window until stopped (SIGTERM or SIGINT).
+    Serve {
+        /// On stop, write the window's bytes to this file (debugging).
+        #[arg(long)]
+        dump_on_exit: Option<PathBuf>,
+    },
+    /// Read LEN bytes at ADDR (a number or POD+OFFSET) and print them as hex.
+    Read {
+        #[arg(long)]
+        addr: String,
+        #[arg(long, default_value_t = 8)]
+        len: u64,
+    },
+    /// Write bytes (hex) or one little-endian word at ADDR.
+    Write {
+        #[arg(long)]
+        addr: String,
+        /// Bytes as hex.
+        #[arg(long, conflicts_with = "word", required_unless_present = "word")]
+        hex: Option<String>,
+        /// One 8-byte word.
+        #[arg(long)]
+        word: Option<String>,
+    },
+    /// Compare-and-swap the word at ADDR; prints the value it held.
+    Cas {
+        #[arg(long)]
+        addr: String,
+        #[arg(long)]
+        old: String,
+        #[arg(long)]
+        new: String,
+    },
+    /// Fetch-and-add to the word at ADDR; prints the value it held.
+    Add {
+        #[arg(long)]
+        addr: String,
+        #[arg(long, default_value = "1")]
+        n: String,
+    },
+    /// Serve this pod's window and run commands from stdin, one JSON result line each
+    /// (commands: see `session --help`).
+    #[command(long_about = session::HELP)]
+    Session,
+    /// One-sided read (and with --write, write) latency and bandwidth to each peer's window.
+    Probe(probe::Args),
+}
+
+pub fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("ROCEFABRIC_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("rocefabric-dsm: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn config(cli: &Cli, expose: bool) -> Result<Config> {
+    let env = Inputs::from_env()?;
+    let inputs = Inputs {
+        region_file: cli.region.clone(),
+        directory: cli.directory.clone(),
+        hca: cli.hca.clone(),
+        nccl_ib_hca: env.nccl_ib_hca,
+        gid_index: cli.gid_index.clone(),
+        traffic_class: cli.traffic_class.clone(),
+        pod: cli.pod.clone(),
+        uid: cli.uid.clone(),
+        listen: cli.listen,
+        port: cli.port,
+        hugepages: cli.hugepages.clone(),
+        expose,
+    };
+    Ok(inputs.config()?)
+}
+
+fn run(cli: Cli) -> Result<()> {
+    let expose = matches!(cli.command, Command::Serve { .. } | Command::Session);
+    let mut dsm = Dsm::open(config(&cli, expose)?)?;
+    let addr = |dsm: &Dsm, a: &str| config::address(a, dsm.directory());
+    let num = |f: &str, v: &str| config::number(f, v);
+    match &cli.command {
+        Command::Serve { dump_on_exit } => {
+            let w = dsm.window().clone();
+            println!(
+                "{}",
+                serde_json::json!({"serving": dsm.endpoint().map(|a| a.to_string()), "fabric": w.fabric, "pod": dsm.directory().owner(w.base, 1).map(|e| e.pod.clone()).ok(), "base": w.base, "size": w.size})
+            );
+            wait_for_signal()?;
+            if let (Some(path), Some(local)) = (dump_on_exit, dsm.local()) {
+                let mut bytes = vec![0u8; local.len().min(w.size as usize)];
+                local.read(0, &mut bytes);
+                std::fs::write(path, bytes)
+                    .with_context(|| format!("writing {}", path.display()))?;
+            }
+        }
+        Command::Read { addr: a, len } => {
+            let at = addr(&dsm, a)?;
+            let mut buf = vec![0u8; usize::try_from(*len)?];
+            dsm.read(at, &mut buf)?;
+            println!("{}", hex(&buf));
+        }
+        Command::Write {
+            addr: a,
+            hex: h,
+            word,
+        } => {
+            let at = addr(&dsm, a)?;
+            let data = match (h, word) {
+                (Some(h), _) => unhex(h)?,
+                (None, Some(w)) => num("--word", w)?.to_le_bytes().to_vec(),
+                (None, None) => unreachable!("clap requires one"),
+            };
+            dsm.write(at, &data)?;
+        }
+        Command::Cas { addr: a, old, new } => {
+            let at = addr(&dsm, a)?;
+            println!(
+                "{}",
+                dsm.compare_and_swap(at, num("--old", old)?, num("--new", new)?)?
+            );
+        }
+        Command::Add { addr: a, n } => {
+            let at = addr(&dsm, a)?;
+            println!("{}", dsm.fetch_add(at, num("--n", n)?)?);
+        }
+        Command::Session => {
+            session::run(&mut dsm, std::io::stdin().lock(), &mut std::io::stdout())?
+        }
+        Command::Probe(args) => probe::run(&mut dsm, args, &mut std::io::stdout())?,
+    }
+    Ok(())
+}
+
+/// Block until SIGTERM or SIGINT.
+fn wait_for_signal() -> Result<()> {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, Arc::clone(&stop))
+            .context("installing the signal handler")?;
+    }
+    while !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+pub(crate) fn unhex(text: &str) -> Result<Vec<u8>> {
+    let t = text.trim().trim_start_matches("0x");
+    anyhow::ensure!(
+        t.len().is_multiple_of(2),
+        "--hex {text:?}: odd number of digits"
+    );
+    (0..t.len())
+        .step_by(2)
+        .map(|i| {
+            u8::from_str_radix(&t[i..i + 2], 16).with_context(|| format!("--hex {text:?}: not hex"))
+        })
+        .collect()
+}

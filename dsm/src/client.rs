@@ -1,0 +1,603 @@
+//! [`Dsm`]: this pod's view of the fabric's shared address space. It exposes the pod's own window
+//! (an [`Endpoint`]) and reads, writes and updates any window of the directory with one-sided
+//! RDMA, over a cached queue pair per owner.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use crate::directory::{Assignment, Directory, Entry};
+use crate::endpoint::{Endpoint, Exposed};
+use crate::error::{DsmError, Result};
+use crate::memory::{self, Backing};
+use crate::verbs::{Hca, Mapping, Op, Qp, Registered, Work};
+use crate::wire::{self, Hello, Offer, Reply};
+
+/// Everything a pod already has, gathered by [`crate::config`] from its files and environment.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub pod: String,
+    pub uid: String,
+    pub window: Assignment,
+    pub directory: PathBuf,
+    pub hca: String,
+    pub port: u8,
+    pub gid_index: u32,
+    pub traffic_class: u8,
+    /// Where the rendezvous endpoint listens; its port is the fabric's rendezvous port.
+    pub listen: SocketAddr,
+    pub hugepages: Option<PathBuf>,
+    /// How often the directory file is checked for changes (and cached peers for liveness).
+    pub refresh: Duration,
+    /// Back, register and serve this pod's window (`serve`, long-running programs). Without it
+    /// (one-shot commands beside a running `serve`), accesses to the pod's own window go to the
+    /// endpoint on this pod's rendezvous port like any peer's.
+    pub expose: bool,
+}
+
+impl Config {
+    /// The conventional pod's configuration (see [`crate::config::Inputs::from_env`]).
+    pub fn from_pod() -> Result<Config> {
+        crate::config::Inputs::from_env()?.config()
+    }
+}
+
+/// One access of a batch. Results land in the access (`buf`, `prev`).
+#[derive(Debug)]
+pub enum Access<'a> {
+    Read {
+        addr: u64,
+        buf: &'a mut [u8],
+    },
+    Write {
+        addr: u64,
+        data: &'a [u8],
+    },
+    CompareSwap {
+        addr: u64,
+        old: u64,
+        new: u64,
+        prev: u64,
+    },
+    FetchAdd {
+        addr: u64,
+        add: u64,
+        prev: u64,
+    },
+}
+
+impl Access<'_> {
+    fn addr(&self) -> u64 {
+        match self {
+            Access::Read { addr, .. }
+            | Access::Write { addr, .. }
+            | Access::CompareSwap { addr, .. }
+            | Access::FetchAdd { addr, .. } => *addr,
+        }
+    }
+    fn len(&self) -> u64 {
+        match self {
+            Access::Read { buf, .. } => buf.len() as u64,
+            Access::Write { data, .. } => data.len() as u64,
+            _ => 8,
+        }
+    }
+    fn atomic(&self) -> Option<&'static str> {
+        match self {
+            Access::CompareSwap { .. } => Some("compare_and_swap"),
+            Access::FetchAdd { .. } => Some("fetch_add"),
+            _ => None,
+        }
+    }
+}
+
+/// A connected owner.
+struct Conn {
+    offer: Offer,
+    qp: Qp,
+    stream: TcpStream,
+}
+
+/// Staging buffer for local sides of requests (registered once).
+const STAGING: usize = 4 << 20;
+/// Largest single work request.
+const CHUNK: u64 = 1 << 20;
+/// Requests in flight per queue pair per round.
+const DEPTH: usize = 64;
+/// How long a round waits for its completions (retry exhaustion reports well within it).
+const COMPLETION_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Counters a caller (or `probe`) may read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub connects: u64,
+    pub reconnects: u64,
+    pub posted: u64,
+    pub directory_reloads: u64,
+}
+
+/// This pod's handle on the fabric's distributed shared memory.
+pub struct Dsm {
+    cfg: Config,
+    hca: Arc<Hca>,
+    local: Option<Arc<Mapping>>,
+    staging: Registered,
+    directory: Directory,
+    stamp: Option<(SystemTime, u64)>,
+    checked: Instant,
+    conns: HashMap<String, Conn>,
+    /// Pods whose connection failed, by uid: reconnecting is the next access's job.
+    dropped: HashMap<String, String>,
+    endpoint: Option<Endpoint>,
+    stats: Stats,
+}
+
+impl std::fmt::Debug for Dsm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Dsm({} [{:#x}, {:#x}) on {:?})",
+            self.cfg.pod,
+            self.cfg.window.base,
+            self.cfg.window.end(),
+            self.hca
+        )
+    }
+}
+
+impl Dsm {
+    /// Back and register the window, read the directory, start the endpoint.
+    pub fn open(cfg: Config) -> Result<Dsm> {
+        let size = cfg.window.size;
+        let len = usize::try_from(size).map_err(|_| DsmError::Memory {
+            size,
+            reason: "larger than this machine's address space".into(),
+        })?;
+        let directory = read_directory(&cfg.directory)?;
+        let hca = Arc::new(Hca::open(
+            &cfg.hca,
+            cfg.port,
+            cfg.gid_index,
+            cfg.traffic_class,
+        )?);
+        let staging = hca.register(&Arc::new(Mapping::anonymous(STAGING)?), false)?;
+        let (local, endpoint) = if cfg.expose {
+            let limits = memory::read_limits(cfg.hugepages.as_deref());
+            let local = Arc::new(match memory::plan(size, &limits)? {
+                Backing::Hugepages { dir, page } => Mapping::hugepages(&dir, len, page)?,
+                Backing::Anonymous => Mapping::anonymous(len)?,
+            });
+            let window = hca.register(&local, true)?;
+            let endpoint = Endpoint::start(
+                cfg.listen,
+                Exposed {
+                    fabric: cfg.window.fabric.clone(),
+                    pod: cfg.pod.clone(),
+                    uid: cfg.uid.clone(),
+                    base: cfg.window.base,
+                    size,
+                    hca: Arc::clone(&hca),
+                    window,
+                },
+            )?;
+            tracing::info!(pod = %cfg.pod, base = cfg.window.base, size, huge = local.is_huge(), hca = ?hca, listen = %endpoint.addr(), "window exposed");
+            (Some(local), Some(endpoint))
+        } else {
+            (None, None)
+        };
+        Ok(Dsm {
+            stamp: stamp(&cfg.directory),
+            cfg,
+            hca,
+            local,
+            staging,
+            directory,
+            checked: Instant::now(),
+            conns: HashMap::new(),
+            dropped: HashMap::new(),
+            endpoint,
+            stats: Stats::default(),
+        })
+    }
+
+    /// This pod's window.
+    pub fn window(&self) -> &Assignment {
+        &self.cfg.window
+    }
+
+    /// The CPU's view of this pod's own window (offsets from the window's base), when exposed.
+    pub fn local(&self) -> Option<&Mapping> {
+        self.local.as_deref()
+    }
+
+    /// The directory as last read.
+    pub fn directory(&self) -> &Directory {
+        &self.directory
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    /// The rendezvous port peers are reached on (the bound one when this pod serves).
+    fn rendezvous_port(&self) -> u16 {
+        self.endpoint
+            .as_ref()
+            .map_or(self.cfg.listen.port(), |e| e.addr().port())
+    }
+
+    /// The rendezvous endpoint's address, when this pod serves its window.
+    pub fn endpoint(&self) -> Option<SocketAddr> {
+        self.endpoint.as_ref().map(Endpoint::addr)
+    }
+
+    /// Peers that connected to this window.
+    pub fn peers_served(&self) -> u64 {
+        self.endpoint.as_ref().map_or(0, Endpoint::accepted)
+    }
+
+    /// Copy `buf.len()` bytes from global address `addr`.
+    pub fn read(&mut self, addr: u64, buf: &mut [u8]) -> Result<()> {
+        self.batch(&mut [Access::Read { addr, buf }])
+    }
+
+    /// Copy `data` to global address `addr`.
+    pub fn write(&mut self, addr: u64, data: &[u8]) -> Result<()> {
+        self.batch(&mut [Access::Write { addr, data }])
+    }
+
+    /// Atomically replace the word at `addr` with `new` if it equals `old`; returns what it held.
+    pub fn compare_and_swap(&mut self, addr: u64, old: u64, new: u64) -> Result<u64> {
+        let mut a = [Access::CompareSwap {
+            addr,
+            old,
+            new,
+            prev: 0,
+        }];
+        self.batch(&mut a)?;
+        let [Access::CompareSwap { prev, .. }] = a else {
+            unreachable!()
+        };
+        Ok(prev)
+    }
+
+    /// Atomically add `add` to the word at `addr`; returns what it held before.
+    pub fn fetch_add(&mut self, addr: u64, add: u64) -> Result<u64> {
+        let mut a = [Access::FetchAdd { addr, add, prev: 0 }];
+        self.batch(&mut a)?;
+        let [Access::FetchAdd { prev, .. }] = a else {
+            unreachable!()
+        };
+        Ok(prev)
+    }
+
+    /// Publish `data` at `addr`, then `flag` into the word at `flag_addr`, on one connection in
+    /// that order: a reader that sees the flag (acquire) sees the data. Both must have one owner.
+    pub fn publish(&mut self, addr: u64, data: &[u8], flag_addr: u64, flag: u64) -> Result<()> {
+        let f = flag.to_ne_bytes();
+        self.batch(&mut [
+            Access::Write { addr, data },
+            Access::Write {
+                addr: flag_addr,
+                data: &f,
+            },
+        ])
+    }
+
+    /// Take the spin lock word at `lock_addr` (0 = free) for `me` (non-zero), run `f`, release.
+    /// Everyone touching what the lock guards must take it the same way.
+    pub fn with_lock<T>(
+        &mut self,
+        lock_addr: u64,
+        me: u64,
+        f: impl FnOnce(&mut Dsm) -> Result<T>,
+    ) -> Result<T> {
+        assert!(me != 0, "0 is the free lock");
+        let mut spins = 0u32;
+        while self.compare_and_swap(lock_addr, 0, me)? != 0 {
+            spins += 1;
+            if spins > 16 {
+                std::thread::yield_now();
+            }
+        }
+        let out = f(self);
+        let released = self.compare_and_swap(lock_addr, me, 0)?;
+        debug_assert_eq!(released, me, "lock word changed while held");
+        out
+    }
+
+    /// Run every access: all are resolved and bounds-checked against the directory first (nothing
+    /// is posted if one fails), then posted per owner in rounds of up to [`DEPTH`] requests,
+    /// waiting once per round. Requests to one owner execute in the order given.
+    pub fn batch(&mut self, accesses: &mut [Access<'_>]) -> Result<()> {
+        self.refresh_if_due();
+        // Resolve owners (re-reading the directory once on a miss: the pod may be new).
+        let mut owners = Vec::with_capacity(accesses.len());
+        for a in accesses.iter() {
+            let e = match self.directory.owner(a.addr(), a.len()) {
+                Ok(e) => e.clone(),
+                Err(_) => {
+                    self.reload_directory();
+                    self.directory.owner(a.addr(), a.len())?.clone()
+                }
+            };
+            if let Some(op) = a.atomic().filter(|_| !a.addr().is_multiple_of(8)) {
+                return Err(DsmError::Misaligned {
+                    addr: a.addr(),
+                    op,
+                    owner: e.pod.clone(),
+                });
+            }
+            owners.push(e);
+        }
+        for e in &owners {
+            self.connect(e)?;
+        }
+        // Pieces: (access index, offset in access, len, owner pod).
+        let mut pieces = Vec::new();
+        for (i, a) in accesses.iter().enumerate() {
+            let len = a.len();
+            let mut off = 0;
+            loop {
+                let n = (len - off).min(CHUNK);
+                pieces.push((i, off, n));
+                off += n;
+                if off >= len {
+                    break;
+                }
+            }
+        }
+        let mut next = 0;
+        while next < pieces.len() {
+            // One round: fill staging and queue depth.
+            let mut used = 0u64;
+            let mut round: Vec<(usize, u64, u64, u64)> = Vec::new(); // (piece, staging offset, ..)
+            let mut per_owner: HashMap<String, usize> = HashMap::new();
+            while next < pieces.len() {
+                let (i, off, n) = pieces[next];
+                let slot = n.div_ceil(8) * 8;
+                let owner = &owners[i].pod;
+                let depth = per_owner.get(owner).copied().unwrap_or(0);
+                if used + slot > STAGING as u64 || depth >= DEPTH {
+                    break;
+                }
+                *per_owner.entry(owner.clone()).or_default() += 1;
+                if let Access::Write { data, .. } = &accesses[i] {
+                    let (s, e) = (off as usize, (off + n) as usize);
+                    self.staging.mapping.write(used as usize, &data[s..e]);
+                }
+                round.push((next, used, i as u64, off));
+                used += slot;
+                next += 1;
+            }
+            // Post per owner, in order.
+            let mut works: HashMap<String, Vec<Work>> = HashMap::new();
+            for &(p, staged, i, off) in &round {
+                let (_, _, n) = pieces[p];
+                let a = &accesses[i as usize];
+                let owner = &owners[i as usize];
+                let conn = &self.conns[&owner.pod];
+                let remote = conn.offer.addr + (a.addr() + off - conn.offer.base);
+                let op = match a {
+                    Access::Read { .. } => Op::Read,
+                    Access::Write { .. } => Op::Write,
+                    Access::CompareSwap { old, new, .. } => Op::CompareSwap {
+                        compare: *old,
+                        swap: *new,
+                    },
+                    Access::FetchAdd { add, .. } => Op::FetchAdd { add: *add },
+                };
+                works.entry(owner.pod.clone()).or_default().push(Work {
+                    id: p as u64,
+                    op,
+                    offset: staged,
+                    len: n as u32,
+                    remote,
+                    rkey: conn.offer.rkey,
+                });
+            }
+            let mut failure = None;
+            let mut posted = Vec::new();
+            for (pod, ws) in &works {
+                let conn = self
+                    .conns
+                    .get_mut(pod)
+                    .unwrap_or_else(|| unreachable!("connected above"));
+                match conn.qp.post(&self.staging, ws) {
+                    Ok(()) => posted.push((pod.clone(), ws.len(), ws[0].id)),
+                    Err(e) => failure = Some((pod.clone(), ws[0].id, format!("post failed: {e}"))),
+                }
+                self.stats.posted += ws.len() as u64;
+            }
+            for (pod, n, first) in posted {
+                let conn = self
+                    .conns
+                    .get_mut(&pod)
+                    .unwrap_or_else(|| unreachable!("connected above"));
+                let failed = conn.qp.complete(n, COMPLETION_TIMEOUT);
+                if let Some((id, status)) = failed.into_iter().next() {
+                    let id = if id == u64::MAX { first } else { id };
+                    failure.get_or_insert((pod, id, status));
+                }
+            }
+            if let Some((pod, piece, status)) = failure {
+                // A failed queue pair is in the error state: drop it; the next access reconnects.
+                let uid = self
+                    .conns
+                    .remove(&pod)
+                    .map(|c| c.offer.uid)
+                    .unwrap_or_default();
+                self.dropped.insert(pod.clone(), uid);
+                let (i, off, _) = pieces[piece as usize];
+                return Err(DsmError::Transport {
+                    addr: accesses[i].addr() + off,
+                    owner: pod,
+                    status,
+                });
+            }
+            // Copy results out.
+            for &(p, staged, i, off) in &round {
+                let (_, _, n) = pieces[p];
+                match &mut accesses[i as usize] {
+                    Access::Read { buf, .. } => {
+                        let (s, e) = (off as usize, (off + n) as usize);
+                        self.staging.mapping.read(staged as usize, &mut buf[s..e]);
+                    }
+                    Access::CompareSwap { prev, .. } | Access::FetchAdd { prev, .. } => {
+                        let mut w = [0u8; 8];
+                        self.staging.mapping.read(staged as usize, &mut w);
+                        *prev = u64::from_ne_bytes(w);
+                    }
+                    Access::Write { .. } => {}
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Ensure a live connection to the owner `e`, checking its uid against the directory: a cached
+    /// connection to another pod instance is dropped, never used.
+    fn connect(&mut self, e: &Entry) -> Result<()> {
+        if let Some(c) = self.conns.get(&e.pod) {
+            if e.uid.as_ref().is_none_or(|u| *u == c.offer.uid)
+                && c.offer.base == e.base
+                && c.offer.size == e.size
+            {
+                return Ok(());
+            }
+            tracing::info!(pod = %e.pod, old = %c.offer.uid, new = ?e.uid, "owner replaced: dropping its connection");
+            self.conns.remove(&e.pod);
+            self.stats.reconnects += 1;
+        } else if self.dropped.remove(&e.pod).is_some() {
+            self.stats.reconnects += 1;
+        }
+        let gone = |reason: String| DsmError::OwnerGone {
+            addr: e.base,
+            owner: e.pod.clone(),
+            reason,
+        };
+        let target = if e.pod == self.cfg.pod {
+            SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), self.rendezvous_port())
+        } else {
+            let ip: IpAddr = e
+                .pod_ip
+                .as_deref()
+                .ok_or_else(|| gone("the directory has no pod IP for it yet".into()))?
+                .parse()
+                .map_err(|x| gone(format!("pod IP in the directory: {x}")))?;
+            SocketAddr::new(ip, self.rendezvous_port())
+        };
+        let mut qp = self.hca.queue_pair(DEPTH as u32 * 2)?;
+        let hello = Hello {
+            version: wire::VERSION,
+            fabric: self.cfg.window.fabric.clone(),
+            from_pod: self.cfg.pod.clone(),
+            from_uid: self.cfg.uid.clone(),
+            to_pod: e.pod.clone(),
+            to_uid: e.uid.clone(),
+            qp: qp.address(),
+        };
+        let mut stream = TcpStream::connect_timeout(&target, Duration::from_secs(5))
+            .map_err(|x| gone(format!("rendezvous at {target}: {x}")))?;
+        let _ = stream.set_nodelay(true);
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .map_err(|x| gone(x.to_string()))?;
+        stream
+            .write_all(&wire::encode(&hello))
+            .map_err(|x| gone(format!("rendezvous at {target}: {x}")))?;
+        let mut line = String::new();
+        BufReader::new((&stream).take(wire::MAX_LINE as u64))
+            .read_line(&mut line)
+            .map_err(|x| gone(format!("rendezvous at {target}: {x}")))?;
+        let offer = match serde_json::from_str::<Reply>(&line) {
+            Ok(Reply::Accept(o)) => o,
+            Ok(Reply::Refuse(why)) => return Err(gone(format!("refused: {why}"))),
+            Err(x) => {
+                return Err(gone(format!(
+                    "rendezvous at {target} answered {:?}: {x}",
+                    line.trim()
+                )));
+            }
+        };
+        if offer.base != e.base || offer.size != e.size {
+            return Err(gone(format!(
+                "it exposes [{:#x}, +{:#x}), the directory says [{:#x}, +{:#x})",
+                offer.base, offer.size, e.base, e.size
+            )));
+        }
+        qp.connect(offer.qp)?;
+        tracing::debug!(pod = %e.pod, uid = %offer.uid, qpn = offer.qp.qpn, "connected");
+        self.stats.connects += 1;
+        self.conns.insert(e.pod.clone(), Conn { offer, qp, stream });
+        Ok(())
+    }
+
+    fn refresh_if_due(&mut self) {
+        if self.checked.elapsed() < self.cfg.refresh {
+            return;
+        }
+        self.checked = Instant::now();
+        if stamp(&self.cfg.directory) != self.stamp {
+            self.reload_directory();
+        }
+        // A cached owner whose endpoint closed its stream has gone away: drop it now rather than
+        // wait for a transport timeout.
+        let closed: Vec<String> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| peer_closed(&c.stream))
+            .map(|(p, _)| p.clone())
+            .collect();
+        for p in closed {
+            tracing::info!(pod = %p, "owner closed its endpoint: dropping the connection");
+            if let Some(c) = self.conns.remove(&p) {
+                self.dropped.insert(p, c.offer.uid);
+            }
+        }
+    }
+
+    fn reload_directory(&mut self) {
+        match read_directory(&self.cfg.directory) {
+            Ok(d) => {
+                self.directory = d;
+                self.stamp = stamp(&self.cfg.directory);
+                self.stats.directory_reloads += 1;
+            }
+            // Keep the last good directory; the next refresh tries again.
+            Err(e) => tracing::warn!(error = %e, "directory unreadable, keeping the last one"),
+        }
+    }
+
+    /// Drop every cached connection (the next access to each owner reconnects).
+    pub fn disconnect_all(&mut self) {
+        self.conns.clear();
+    }
+}
+
+fn read_directory(path: &std::path::Path) -> Result<Directory> {
+    let field = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        DsmError::input(&field, "", format!("cannot read the region directory: {e}"))
+    })?;
+    Directory::parse(&field, &text)
+}
+
+fn stamp(path: &std::path::Path) -> Option<(SystemTime, u64)> {
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.modified().ok()?, m.len()))
+}
+
+/// Whether the peer closed the stream (EOF on a non-blocking peek).
+fn peer_closed(stream: &TcpStream) -> bool {
+    let mut b = [0u8; 1];
+    if stream.set_nonblocking(true).is_err() {
+        return true;
+    }
+    let r = stream.peek(&mut b);
+    let _ = stream.set_nonblocking(false);
+    matches!(r, Ok(0)) || matches!(r, Err(ref e) if e.kind() != std::io::ErrorKind::WouldBlock)
+}

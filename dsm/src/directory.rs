@@ -1,0 +1,255 @@
+//! The two inputs the operator gives a pod (pure): its own window (the `rocefabric.io/region`
+//! annotation, read from a downward-API file) and the fabric's region directory (the
+//! `<fabric>-regions` ConfigMap, key `regions.json`), and the lookup from a global address to the
+//! pod that owns it, bounds-checked before anything is posted.
+
+use serde::Deserialize;
+
+use crate::error::{DsmError, Result};
+
+/// This pod's window `[base, base + size)` of the fabric's address space.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+pub struct Assignment {
+    pub fabric: String,
+    pub id: u32,
+    pub base: u64,
+    pub size: u64,
+    /// The pod the operator wrote it for (absent in annotations older than the uid binding).
+    #[serde(default)]
+    pub uid: Option<String>,
+}
+
+impl Assignment {
+    /// Parse the annotation text; `field` names where it came from (a file path or variable).
+    pub fn parse(field: &str, text: &str) -> Result<Self> {
+        let a: Assignment = serde_json::from_str(text.trim()).map_err(|e| {
+            DsmError::input(field, text.trim(), format!("not a region annotation: {e}"))
+        })?;
+        if a.size == 0 || a.base.checked_add(a.size).is_none() {
+            return Err(DsmError::input(
+                field,
+                text.trim(),
+                "size must be positive and base + size fit in 64 bits",
+            ));
+        }
+        Ok(a)
+    }
+
+    /// One past the last byte.
+    pub fn end(&self) -> u64 {
+        self.base + self.size
+    }
+}
+
+/// One window of the directory: who holds it and where to reach them.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Entry {
+    pub pod: String,
+    #[serde(default)]
+    pub node: Option<String>,
+    #[serde(default, rename = "podIP")]
+    pub pod_ip: Option<String>,
+    pub id: u32,
+    pub base: u64,
+    pub size: u64,
+    #[serde(default)]
+    pub uid: Option<String>,
+}
+
+impl Entry {
+    pub fn end(&self) -> u64 {
+        self.base.saturating_add(self.size)
+    }
+}
+
+/// A namespace's windows, sorted by base, disjoint.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Directory {
+    entries: Vec<Entry>,
+}
+
+impl Directory {
+    /// Parse `regions.json`. Overlapping windows are refused: the operator never writes them, so
+    /// seeing one means the input is not the operator's directory.
+    pub fn parse(field: &str, text: &str) -> Result<Self> {
+        let mut entries: Vec<Entry> = serde_json::from_str(text).map_err(|e| {
+            DsmError::input(field, snippet(text), format!("not a region directory: {e}"))
+        })?;
+        entries.sort_by_key(|e| e.base);
+        for pair in entries.windows(2) {
+            if pair[0].end() > pair[1].base {
+                return Err(DsmError::input(
+                    field,
+                    snippet(text),
+                    format!(
+                        "windows of {} and {} overlap at {:#x}",
+                        pair[0].pod, pair[1].pod, pair[1].base
+                    ),
+                ));
+            }
+        }
+        if let Some(e) = entries.iter().find(|e| e.size == 0) {
+            return Err(DsmError::input(
+                field,
+                snippet(text),
+                format!("window of {} is empty", e.pod),
+            ));
+        }
+        Ok(Directory { entries })
+    }
+
+    pub fn entries(&self) -> &[Entry] {
+        &self.entries
+    }
+
+    /// The entry of a pod by name.
+    pub fn pod(&self, name: &str) -> Option<&Entry> {
+        self.entries.iter().find(|e| e.pod == name)
+    }
+
+    /// The owner of `[addr, addr + len)`, or why there is none. `len` 0 is checked as 1 byte.
+    pub fn owner(&self, addr: u64, len: u64) -> Result<&Entry> {
+        let i = self.entries.partition_point(|e| e.base <= addr);
+        let Some(e) = i
+            .checked_sub(1)
+            .map(|i| &self.entries[i])
+            .filter(|e| addr < e.end())
+        else {
+            return Err(DsmError::Unassigned { addr });
+        };
+        if addr.checked_add(len.max(1)).is_none_or(|end| end > e.end()) {
+            return Err(DsmError::OutOfWindow {
+                addr,
+                len,
+                owner: e.pod.clone(),
+                base: e.base,
+                end: e.end(),
+            });
+        }
+        Ok(e)
+    }
+}
+
+fn snippet(text: &str) -> String {
+    let t = text.trim();
+    match t.char_indices().nth(80) {
+        Some((i, _)) => format!("{}...", &t[..i]),
+        None => t.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DIR: &str = r#"[
+{"pod":"a","node":"n0","podIP":"10.1.0.2","id":0,"base":0,"size":4096,"uid":"u-a"},
+{"pod":"b","id":2,"base":8192,"size":8192}
+]
+"#;
+
+    #[test]
+    fn an_address_maps_to_its_owner_and_every_miss_says_why() {
+        let d = Directory::parse("regions.json", DIR).unwrap();
+        assert_eq!(d.owner(0, 4096).unwrap().pod, "a");
+        assert_eq!(d.owner(4095, 1).unwrap().uid.as_deref(), Some("u-a"));
+        assert_eq!(d.owner(16383, 1).unwrap().pod, "b");
+        assert!(matches!(
+            d.owner(4096, 8),
+            Err(DsmError::Unassigned { addr: 4096 })
+        ));
+        assert!(matches!(
+            d.owner(16384, 1),
+            Err(DsmError::Unassigned { .. })
+        ));
+        let e = d.owner(4000, 200).unwrap_err();
+        assert!(
+            matches!(e, DsmError::OutOfWindow { ref owner, end: 4096, .. } if owner == "a"),
+            "{e}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "address 0xfa0 (+200 bytes): out of window: pod a holds [0x0, 0x1000)"
+        );
+        assert!(matches!(
+            d.owner(u64::MAX, 2),
+            Err(DsmError::Unassigned { .. })
+        ));
+        assert!(matches!(
+            d.owner(8192, u64::MAX),
+            Err(DsmError::OutOfWindow { .. })
+        ));
+    }
+
+    #[test]
+    fn overlapping_or_malformed_directories_are_refused_naming_the_file() {
+        let bad =
+            r#"[{"pod":"a","id":0,"base":0,"size":4096},{"pod":"b","id":1,"base":4095,"size":1}]"#;
+        let e = Directory::parse("/etc/dir/regions.json", bad)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("/etc/dir/regions.json ") && e.contains("a and b overlap at 0xfff"),
+            "{e}"
+        );
+        let e = Directory::parse("regions.json", "{}")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not a region directory"), "{e}");
+    }
+
+    #[test]
+    fn the_annotation_is_read_with_or_without_uid() {
+        let a = Assignment::parse(
+            "region",
+            r#"{"fabric":"f","id":3,"base":12288,"size":4096,"uid":"u1"}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            (a.base, a.end(), a.uid.as_deref()),
+            (12288, 16384, Some("u1"))
+        );
+        let a = Assignment::parse("region", r#"{"fabric":"f","id":0,"base":0,"size":1}"#).unwrap();
+        assert_eq!(a.uid, None);
+        let e = Assignment::parse("/etc/podinfo/region", "")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("/etc/podinfo/region \"\": not a region annotation"),
+            "{e}"
+        );
+        let e = Assignment::parse("r", r#"{"fabric":"f","id":0,"base":0,"size":0}"#).unwrap_err();
+        assert!(e.to_string().contains("size must be positive"));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn owner_agrees_with_a_linear_scan(
+            sizes in proptest::collection::vec((0u64..3, 1u64..5), 1..8),
+            addr in 0u64..64, len in 0u64..12,
+        ) {
+            let mut base = 0;
+            let mut entries = Vec::new();
+            for (i, (gap, size)) in sizes.iter().enumerate() {
+                base += gap;
+                entries.push(format!(r#"{{"pod":"p{i}","id":{i},"base":{base},"size":{size}}}"#));
+                base += size;
+            }
+            let d = Directory::parse("d", &format!("[{}]", entries.join(","))).unwrap();
+            let expect = d.entries().iter().find(|e| e.base <= addr && addr < e.end());
+            match (d.owner(addr, len), expect) {
+                (Ok(got), Some(e)) => {
+                    proptest::prop_assert_eq!(&got.pod, &e.pod);
+                    proptest::prop_assert!(addr + len.max(1) <= e.end());
+                }
+                (Err(DsmError::OutOfWindow { owner, .. }), Some(e)) => {
+                    proptest::prop_assert_eq!(owner, e.pod.clone());
+                    proptest::prop_assert!(addr + len.max(1) > e.end());
+                }
+                (Err(DsmError::Unassigned { .. }), None) => {}
+                (got, expect) => proptest::prop_assert!(false, "{:?} vs {:?}", got, expect),
+            }
+        }
+    }
+}

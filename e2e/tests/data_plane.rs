@@ -1,0 +1,596 @@
+//! The data plane on a real RDMA stack: two Soft-RoCE VMs on one emulated wire, two "pods" on
+//! each (a process in its own network namespace, reached over a veth for the rendezvous, while
+//! rxe0 stays in the VM's initial namespace as a shared HCA does on a node). Their windows and the
+//! directory come from the real planner (`rocefabric-operator plan --writes` over a snapshot of
+//! the four pods, gated, then running). What the tests check:
+//! - a 1 MiB write lands in the owner's memory with the owner posting nothing; read back by RDMA;
+//! - out-of-window and unassigned addresses are refused before anything is posted;
+//! - 4 x 10,000 `fetch_add` from both VMs give exactly 40,000; a CAS lock keeps a record untorn;
+//! - the owner restarts as a new pod (new uid): the stale connection is never used, the next
+//!   access after the directory names the new pod reconnects;
+//! - `probe` figures are non-zero and within 3x of perftest's in the same run.
+//!
+//! Skips like the Soft-RoCE suite (`SKIPPED: data_plane (<reason>): <test>`);
+//! `ROCEFABRIC_REQUIRE_SOFT_ROCE=1` makes a skip a failure.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use clap::Parser as _;
+use rocefabric_e2e::node::dsm_binary;
+use rocefabric_e2e::vm::{self, Guest, Run};
+use rocefabric_operator::cli::{Cli, Command, plan};
+use serde_json::{Value, json};
+
+const VM_TIMEOUT: Duration = Duration::from_secs(420);
+
+/// The pods: name, VM, pod IP, uid.
+const PODS: [(&str, &str, &str, &str); 4] = [
+    (
+        "a1",
+        "vm-a",
+        "10.88.1.2",
+        "00000000-0000-4000-8000-0000000000a1",
+    ),
+    (
+        "a2",
+        "vm-a",
+        "10.88.1.3",
+        "00000000-0000-4000-8000-0000000000a2",
+    ),
+    (
+        "b1",
+        "vm-b",
+        "10.88.2.2",
+        "00000000-0000-4000-8000-0000000000b1",
+    ),
+    (
+        "b2",
+        "vm-b",
+        "10.88.2.3",
+        "00000000-0000-4000-8000-0000000000b2",
+    ),
+];
+/// b1 restarted: the same name, a new uid and address.
+const B1_NEW: (&str, &str, &str, &str) = (
+    "b1",
+    "vm-b",
+    "10.88.2.4",
+    "00000000-0000-4000-8000-0000000b1b1b",
+);
+
+fn fabric() -> Value {
+    json!({"apiVersion": "rocefabric.io/v1alpha1", "kind": "RoceFabric",
+        "metadata": {"name": "dsm", "uid": "fabric-uid", "generation": 1},
+        "spec": {"nodeSelector": {"matchLabels": {"rocefabric.io/test": "dsm"}},
+                 "sharedMemory": {"regionSize": "2Mi", "maxRegions": 16,
+                                  "podSelector": {"matchLabels": {"app": "dsm"}}}}})
+}
+
+fn node(name: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": {"rocefabric.io/test": "dsm"}}})
+}
+
+/// A pod as the API server shows it: gated (no annotation yet), or running with `annotation`.
+fn pod((name, node, ip, uid): (&str, &str, &str, &str), annotation: Option<&str>, t: u32) -> Value {
+    let mut p = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "uid": uid, "resourceVersion": "1",
+                     "creationTimestamp": format!("2026-12-03T00:00:0{t}Z"), "labels": {"app": "dsm"}},
+        "spec": {"containers": [{"name": "c", "image": "x"}]}});
+    match annotation {
+        None => p["spec"]["schedulingGates"] = json!([{"name": "rocefabric.io/region"}]),
+        Some(a) => {
+            p["metadata"]["annotations"] = json!({"rocefabric.io/region": a});
+            p["spec"]["nodeName"] = json!(node);
+            p["status"] = json!({"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]});
+        }
+    }
+    p
+}
+
+/// Run the real planner over `pods`; its annotation values by pod, and the directory text.
+fn plan_writes(dir: &Path, pods: &[Value]) -> (BTreeMap<String, String>, Option<String>) {
+    let list =
+        |items: Vec<Value>| json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string();
+    let write = |name: &str, text: String| {
+        let p = dir.join(name);
+        std::fs::write(&p, text).expect("temp file");
+        p.display().to_string()
+    };
+    let argv = [
+        "rocefabric-operator".to_string(),
+        "plan".into(),
+        "--fabrics".into(),
+        write("fabrics.yaml", list(vec![fabric()])),
+        "--nodes".into(),
+        write("nodes.yaml", list(vec![node("vm-a"), node("vm-b")])),
+        "--pods".into(),
+        write("pods.yaml", list(pods.to_vec())),
+        "--output".into(),
+        "json".into(),
+        "--writes".into(),
+    ];
+    let cli = Cli::try_parse_from(&argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+    let Command::Plan(args) = cli.command else {
+        panic!("not plan")
+    };
+    let out = serde_json::to_value(plan::plan_files(&args).expect("plan")).expect("serializes");
+    let mut annotations = BTreeMap::new();
+    let mut directory = None;
+    for w in out["writeList"].as_array().expect("--writes lists writes") {
+        match w["kind"].as_str() {
+            Some("annotatePodRegion") => {
+                annotations.insert(
+                    w["pod"].as_str().expect("pod").to_string(),
+                    w["value"].as_str().expect("value").to_string(),
+                );
+            }
+            Some("applyRegionDirectory") => {
+                directory = w["data"]["regions.json"].as_str().map(String::from)
+            }
+            _ => {}
+        }
+    }
+    (annotations, directory)
+}
+
+/// What the planner gives: each pod's annotation, the directory before and after b1's restart,
+/// and the restarted b1's annotation.
+struct Planned {
+    annotations: BTreeMap<String, String>,
+    directory: String,
+    b1_new: String,
+    directory_after: String,
+}
+
+fn planned() -> Planned {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gated: Vec<Value> = PODS
+        .iter()
+        .enumerate()
+        .map(|(i, p)| pod(*p, None, i as u32))
+        .collect();
+    let (annotations, _) = plan_writes(dir.path(), &gated);
+    assert_eq!(
+        annotations.len(),
+        4,
+        "every gated pod gets a window: {annotations:?}"
+    );
+    let running: Vec<Value> = PODS
+        .iter()
+        .enumerate()
+        .map(|(i, p)| pod(*p, Some(&annotations[p.0]), i as u32))
+        .collect();
+    let (_, directory) = plan_writes(dir.path(), &running);
+    let directory = directory.expect("a directory for the running pods");
+    // b1 is replaced by a new pod of the same name: gated, then running.
+    let mut after: Vec<Value> = running
+        .iter()
+        .filter(|p| p["metadata"]["uid"] != PODS[2].3)
+        .cloned()
+        .collect();
+    after.push(pod(B1_NEW, None, 5));
+    let (new, _) = plan_writes(dir.path(), &after);
+    let b1_new = new.get("b1").expect("the new b1 gets a window").clone();
+    after.pop();
+    after.push(pod(B1_NEW, Some(&b1_new), 5));
+    let (_, directory_after) = plan_writes(dir.path(), &after);
+    Planned {
+        annotations,
+        directory,
+        b1_new,
+        directory_after: directory_after.expect("directory"),
+    }
+}
+
+const PRELUDE: &str = r#"
+B=/opt/rocefabric/bin
+IP=/usr/sbin/ip
+D=$B/rocefabric-dsm
+section() { n=$1; shift; echo "=== BEGIN $n"; "$@" 2>&1; r=$?; echo "=== END $n rc=$r"; return $r; }
+rxe_up() {
+  $IP link set eth0 up && $IP addr add "$1" dev eth0 || return 1
+  /usr/sbin/rdma link add rxe0 type rxe netdev eth0 || return 1
+  i=0
+  until grep -q ACTIVE /sys/class/infiniband/rxe0/ports/1/state; do
+    i=$((i + 1)); [ $i -gt 200 ] && return 1; sleep 0.1
+  done
+}
+# The RoCE v2 GID of the IPv4 address (what the device plugin hands out as NCCL_IB_GID_INDEX).
+roce_v2_ipv4_gid() {
+  p=/sys/class/infiniband/rxe0/ports/1
+  for i in 0 1 2 3 4 5 6 7; do
+    case "$(cat $p/gid_attrs/types/$i 2>/dev/null):$(cat $p/gids/$i)" in
+      "RoCE v2:0000:0000:0000:0000:0000:ffff:"*) echo $i; return 0 ;;
+    esac
+  done
+  return 1
+}
+# pod NAME IP: a network namespace with a veth to the VM, routed like a CNI does (/32 + gateway).
+pod() {
+  $IP netns add $1
+  $IP link add h-$1 type veth peer name eth0 netns $1
+  $IP addr add 10.88.0.1/32 dev h-$1 && $IP link set h-$1 up && $IP route add $2/32 dev h-$1
+  $IP -n $1 link set lo up && $IP -n $1 link set eth0 up && $IP -n $1 addr add $2/32 dev eth0
+  $IP -n $1 route add 10.88.0.1 dev eth0 && $IP -n $1 route add default via 10.88.0.1
+}
+# session NAME UID: the pod's session in its namespace, commands from /tmp/dsm/NAME.in.
+session() {
+  POD_NAME=$1 POD_UID=$2 ROCEFABRIC_REGION_FILE=/tmp/dsm/$1.region \
+    $IP netns exec ${3:-$1} $D session </tmp/dsm/$1.in >/tmp/dsm/$1.out 2>/tmp/dsm/$1.err
+}
+# set_directory FILE: replace the mounted directory atomically, as the kubelet does.
+set_directory() { cp "$1" /tmp/dsm/regions.tmp && mv /tmp/dsm/regions.tmp /tmp/dsm/regions.json; }
+mkdir -p /tmp/dsm
+export NCCL_IB_HCA==rxe0:1 NCCL_IB_TC=106 ROCEFABRIC_DIRECTORY=/tmp/dsm/regions.json ROCEFABRIC_LOG=warn
+"#;
+
+/// `cat > PATH` of `text` as a here-document.
+fn file(path: &str, text: &str) -> String {
+    format!(
+        "cat >{path} <<'ROCEFABRIC_EOF'\n{}\nROCEFABRIC_EOF\n",
+        text.trim_end()
+    )
+}
+
+// Offsets inside a window: the counter, the lock and its record, flags for the steps.
+const COUNTER: &str = "0x100000";
+const LOCK: &str = "0x100008";
+const RECORD: &str = "0x100040";
+
+fn scripts() -> BTreeMap<&'static str, String> {
+    let lock_phase = |verb: &str, id: u32| {
+        format!("locked-{verb} b1+{LOCK} b1+{RECORD} 8 200 {id}\nadd b1+0x1f0018 1\n")
+    };
+    let adds = format!("add b1+{COUNTER} 1 10000\nadd b1+0x1f0010 1\n");
+    let mut s = BTreeMap::new();
+    s.insert(
+        "a1",
+        format!(
+            "reach b1\nstats\nread b1+0x1ffff8 16\nread 0x7fff000000 8\nwrite b1+0x1fffff 2 1\ncas b1+0x4 0 1\nstats\n\
+             write b1 1048576 7\nread b1 1048576 7\nwrite-word b1+0x1f0000 1\n{adds}{}\
+             wait-local 0x1f0020 1 300000\nwrite b1+0x1000 8 8\necho swap\nsleep 3000\n\
+             write b1+0x1000 8 9\nwrite-word b1+0x1f0008 1\nstats\n",
+            lock_phase("write", 11)
+        ),
+    );
+    s.insert("a2", format!("reach b1\n{adds}{}", lock_phase("read", 12)));
+    s.insert(
+        "b1",
+        format!(
+            "wait-local 0x1f0000 1 300000\nstats\ncheck-local 0 1048576 7\n{adds}\
+             wait-local 0x1f0010 4 300000\nwait-local {COUNTER} 40000 1000\nread-word b1+{COUNTER}\n{}\
+             wait-local 0x1f0018 4 300000\n",
+            lock_phase("read", 13)
+        ),
+    );
+    s.insert(
+        "b2",
+        format!(
+            "reach b1\n{adds}{}wait-local 0x1f0030 1 600000\n",
+            lock_phase("write", 14)
+        ),
+    );
+    s.insert(
+        "b1-new",
+        "write-word a1+0x1f0020 1\nwait-local 0x1f0008 1 300000\ncheck-local 0x1000 8 9\nstats\n"
+            .to_string(),
+    );
+    s
+}
+
+fn scenario(a_side: bool, p: &Planned) -> String {
+    let scripts = scripts();
+    let mut out = String::from(PRELUDE);
+    out += &file("/tmp/dsm/dir1.json", &p.directory);
+    out += &file("/tmp/dsm/dir2.json", &p.directory_after);
+    out += "set_directory /tmp/dsm/dir1.json\n";
+    let (me, peer_n, peer_net, mine): (u8, u8, &str, &[&str]) = if a_side {
+        (1, 2, "10.88.2.0/24", &["a1", "a2"])
+    } else {
+        (2, 1, "10.88.1.0/24", &["b1", "b2"])
+    };
+    out += &format!(
+        "section rxe rxe_up 10.77.0.{me}/24 || exit 10\nGID=$(roce_v2_ipv4_gid) || exit 11\nexport NCCL_IB_GID_INDEX=$GID\n\
+         section gid echo $GID\necho 1 >/proc/sys/net/ipv4/ip_forward\n$IP route add {peer_net} via 10.77.0.{peer_n}\n"
+    );
+    for (name, _, ip, _) in PODS.iter().filter(|p| mine.contains(&p.0)) {
+        out += &format!("pod {name} {ip} || exit 12\n");
+        out += &file(&format!("/tmp/dsm/{name}.region"), &p.annotations[*name]);
+        out += &file(&format!("/tmp/dsm/{name}.in"), &scripts[name]);
+    }
+    let uid = |n: &str| {
+        PODS.iter()
+            .find(|p| p.0 == n)
+            .map(|p| p.3)
+            .unwrap_or_default()
+    };
+    if a_side {
+        out += &format!(
+            "session a1 {} & A1=$!\nsession a2 {} & A2=$!\n\
+             i=0; until grep -q '\"text\":\"swap\"' /tmp/dsm/a1.out 2>/dev/null; do i=$((i+1)); [ $i -gt 3000 ] && break; sleep 0.1; done\n\
+             set_directory /tmp/dsm/dir2.json\nwait $A1; wait $A2\n\
+             section a1 cat /tmp/dsm/a1.out /tmp/dsm/a1.err\nsection a2 cat /tmp/dsm/a2.out /tmp/dsm/a2.err\n\
+             section probe env POD_NAME=a1 POD_UID={} ROCEFABRIC_REGION_FILE=/tmp/dsm/a1.region $IP netns exec a1 $D probe --peers b2 --write --iterations 300 --requests 256 --output json\n\
+             section release env POD_NAME=a1 POD_UID={} ROCEFABRIC_REGION_FILE=/tmp/dsm/a1.region $IP netns exec a1 $D write --addr b2+0x1f0030 --word 1\n\
+             i=0; until ib_read_lat -d rxe0 -x $GID -n 300 10.77.0.2 >/tmp/lat 2>&1; do i=$((i+1)); [ $i -gt 60 ] && break; sleep 1; done\n\
+             section read-lat cat /tmp/lat\n\
+             i=0; until ib_write_bw -d rxe0 -x $GID -n 256 -s 65536 -F 10.77.0.2 >/tmp/bw 2>&1; do i=$((i+1)); [ $i -gt 60 ] && break; sleep 1; done\n\
+             section write-bw cat /tmp/bw\nexit 0\n",
+            uid("a1"),
+            uid("a2"),
+            uid("a1"),
+            uid("a1")
+        );
+    } else {
+        out += &format!("pod b1n {} || exit 12\n", B1_NEW.2);
+        out += &file("/tmp/dsm/b1-new.region", &p.b1_new);
+        out += &file("/tmp/dsm/b1-new.in", &scripts["b1-new"]);
+        out += &format!(
+            "session b1 {} & B1=$!\nsession b2 {} & B2=$!\nwait $B1\n\
+             set_directory /tmp/dsm/dir2.json\n\
+             POD_NAME=b1 POD_UID={} ROCEFABRIC_REGION_FILE=/tmp/dsm/b1-new.region $IP netns exec b1n $D session \
+               </tmp/dsm/b1-new.in >/tmp/dsm/b1-new.out 2>/tmp/dsm/b1-new.err\n\
+             wait $B2\n\
+             section b1 cat /tmp/dsm/b1.out /tmp/dsm/b1.err\nsection b2 cat /tmp/dsm/b2.out /tmp/dsm/b2.err\n\
+             section b1-new cat /tmp/dsm/b1-new.out /tmp/dsm/b1-new.err\n\
+             section lat-server timeout 120 ib_read_lat -d rxe0 -x $GID -n 300\n\
+             section bw-server timeout 120 ib_write_bw -d rxe0 -x $GID -n 256 -s 65536 -F\nexit 0\n",
+            uid("b1"),
+            uid("b2"),
+            B1_NEW.3
+        );
+    }
+    out
+}
+
+fn runs(test: &str) -> Option<&'static (Run, Run)> {
+    static RUNS: OnceLock<Result<(Run, Run), String>> = OnceLock::new();
+    let runs = RUNS.get_or_init(|| {
+        let image = vm::image()?;
+        let bins: Vec<PathBuf> = vec![dsm_binary()?];
+        let p = planned();
+        let work = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let _one_set_at_a_time = vm::exclusive();
+        let end = |name: &str, a: bool, mac: &str| {
+            let mut g = Guest::new(name, &scenario(a, &p), bins.clone());
+            g.mac = mac.into();
+            g
+        };
+        let (a, b) = vm::run_pair(
+            end("a", true, "52:54:00:00:01:0a"),
+            end("b", false, "52:54:00:00:01:0b"),
+            &image,
+            work.path(),
+            VM_TIMEOUT,
+        )?;
+        eprintln!(
+            "data_plane: VMs ran {:.1} s / {:.1} s",
+            a.elapsed.as_secs_f64(),
+            b.elapsed.as_secs_f64()
+        );
+        Ok((a, b))
+    });
+    match runs {
+        Ok(r) => Some(r),
+        Err(reason) if vm::required() => {
+            panic!(
+                "{} is set but the Soft-RoCE VMs cannot run: {reason}",
+                vm::REQUIRE_ENV
+            )
+        }
+        Err(reason) => {
+            rocefabric_e2e::skip("data_plane", reason, test);
+            None
+        }
+    }
+}
+
+/// The session's answers by command line number.
+fn answers(run: &Run, pod: &str) -> Vec<Value> {
+    run.json_lines(pod)
+        .into_iter()
+        .filter(|v| v.get("n").is_some())
+        .collect()
+}
+
+fn answer(lines: &[Value], n: u64) -> &Value {
+    lines
+        .iter()
+        .find(|v| v["n"] == n)
+        .unwrap_or_else(|| panic!("no answer {n} in {lines:#?}"))
+}
+
+fn ok(v: &Value) -> &Value {
+    assert_eq!(v["ok"], true, "{v}");
+    v
+}
+
+/// A perftest result row: the first line whose first field is `bytes`, as numbers.
+fn perftest_row(run: &Run, section: &str, bytes: &str) -> Vec<f64> {
+    let out = run.section(section).output;
+    out.lines()
+        .map(str::split_whitespace)
+        .find_map(|mut f| {
+            (f.next() == Some(bytes)).then(|| f.filter_map(|x| x.parse().ok()).collect())
+        })
+        .unwrap_or_else(|| panic!("no {bytes}-byte row in {section}:\n{out}"))
+}
+
+#[test]
+fn a_one_mib_write_lands_in_the_owners_memory_without_its_cpu_and_reads_back() {
+    let Some((a, b)) =
+        runs("a_one_mib_write_lands_in_the_owners_memory_without_its_cpu_and_reads_back")
+    else {
+        return;
+    };
+    let a1 = answers(a, "a1");
+    assert_eq!(ok(answer(&a1, 8))["len"], 1 << 20);
+    assert_eq!(
+        ok(answer(&a1, 9))["match"],
+        true,
+        "RDMA read returns the pattern"
+    );
+    let b1 = answers(b, "b1");
+    // The owner saw the flag, had posted nothing (no receive, no request), and finds the data in
+    // its own memory with the CPU.
+    let stats = ok(answer(&b1, 2));
+    assert_eq!(stats["posted"], 0, "{stats}");
+    assert!(stats["peersServed"].as_u64().unwrap() >= 1, "{stats}");
+    assert_eq!(ok(answer(&b1, 3))["match"], true);
+}
+
+#[test]
+fn out_of_window_unassigned_and_misaligned_accesses_are_refused_before_posting() {
+    let Some((a, _)) =
+        runs("out_of_window_unassigned_and_misaligned_accesses_are_refused_before_posting")
+    else {
+        return;
+    };
+    let a1 = answers(a, "a1");
+    let err = |n| {
+        let v = answer(&a1, n);
+        assert_eq!(v["ok"], false, "{v}");
+        v["error"].as_str().unwrap().to_string()
+    };
+    assert!(err(3).contains("out of window: pod b1 holds"), "{}", err(3));
+    assert_eq!(
+        err(4),
+        "address 0x7fff000000: not assigned to any pod in the directory"
+    );
+    assert!(
+        err(5).contains("(+2 bytes): out of window: pod b1"),
+        "{}",
+        err(5)
+    );
+    assert!(
+        err(6).contains("compare_and_swap needs an 8-byte aligned address (owner b1)"),
+        "{}",
+        err(6)
+    );
+    assert_eq!(
+        answer(&a1, 2)["posted"],
+        answer(&a1, 7)["posted"],
+        "nothing was posted for them"
+    );
+}
+
+#[test]
+fn four_writers_on_two_vms_lose_no_fetch_add_and_a_cas_lock_keeps_records_whole() {
+    let Some((a, b)) =
+        runs("four_writers_on_two_vms_lose_no_fetch_add_and_a_cas_lock_keeps_records_whole")
+    else {
+        return;
+    };
+    let (a1, a2, b1, b2) = (
+        answers(a, "a1"),
+        answers(a, "a2"),
+        answers(b, "b1"),
+        answers(b, "b2"),
+    );
+    for (lines, n) in [(&a1, 11), (&a2, 2), (&b1, 4), (&b2, 2)] {
+        assert_eq!(ok(answer(lines, n))["times"], 10_000);
+    }
+    // The owner's CPU sees exactly 40,000, and so does an RDMA read.
+    assert_eq!(ok(answer(&b1, 7))["value"], 40_000);
+    assert_eq!(ok(answer(&b1, 8))["value"], 40_000);
+    eprintln!(
+        "data_plane: 10,000 fetch_add took {:.0} / {:.0} / {:.0} / {:.0} ms (a1 a2 b1 b2)",
+        answer(&a1, 11)["ms"].as_f64().unwrap_or(0.0),
+        answer(&a2, 2)["ms"].as_f64().unwrap_or(0.0),
+        answer(&b1, 4)["ms"].as_f64().unwrap_or(0.0),
+        answer(&b2, 2)["ms"].as_f64().unwrap_or(0.0)
+    );
+    for (lines, n) in [(&a2, 4), (&b1, 9)] {
+        let r = ok(answer(lines, n));
+        assert_eq!(
+            (r["rounds"].as_u64(), r["torn"].as_u64()),
+            (Some(200), Some(0)),
+            "{r}"
+        );
+    }
+    for (lines, n) in [(&a1, 13), (&b2, 4)] {
+        ok(answer(lines, n));
+    }
+}
+
+#[test]
+fn a_restarted_owner_is_reached_anew_and_never_through_the_old_connection() {
+    let Some((a, b)) =
+        runs("a_restarted_owner_is_reached_anew_and_never_through_the_old_connection")
+    else {
+        return;
+    };
+    let a1 = answers(a, "a1");
+    // With the directory still naming the old b1, the access fails (its queue pair is gone and
+    // the new b1 refuses a peer asking for the old uid); nothing reaches the new pod.
+    let stale = answer(&a1, 16);
+    assert_eq!(stale["ok"], false, "{stale}");
+    assert!(stale["error"].as_str().unwrap().contains("b1"), "{stale}");
+    eprintln!("data_plane: stale access: {}", stale["error"]);
+    // Once the directory names the new b1, the next access connects to it.
+    ok(answer(&a1, 19));
+    let stats = ok(answer(&a1, 21));
+    assert!(stats["reconnects"].as_u64().unwrap() >= 1, "{stats}");
+    let fresh = answers(b, "b1-new");
+    assert_eq!(
+        ok(answer(&fresh, 3))["match"],
+        true,
+        "the new b1 holds the write"
+    );
+    assert_eq!(
+        ok(answer(&fresh, 4))["posted"],
+        1,
+        "it posted only its own flag write"
+    );
+}
+
+#[test]
+fn probe_figures_are_non_zero_and_within_3x_of_perftest() {
+    let Some((a, _)) = runs("probe_figures_are_non_zero_and_within_3x_of_perftest") else {
+        return;
+    };
+    let probe = a.section("probe");
+    assert_eq!(probe.rc, 0, "{}", probe.output);
+    let start = probe.output.find('[').expect("probe JSON");
+    let rows: Value = serde_json::from_str(probe.output[start..].trim())
+        .unwrap_or_else(|e| panic!("{e}: {}", probe.output));
+    let row = &rows[0];
+    assert_eq!(row["pod"], "b2");
+    let f = |k: &str| row[k].as_f64().unwrap_or_else(|| panic!("{k} in {row}"));
+    for k in [
+        "readP50Us",
+        "readP99Us",
+        "readMibS",
+        "writeP50Us",
+        "writeP99Us",
+        "writeMibS",
+    ] {
+        assert!(f(k) > 0.0, "{k} in {row}");
+    }
+    assert!(f("readP99Us") >= f("readP50Us"));
+    // ib_read_lat: #bytes #iterations t_min t_max t_typical ...; ib_write_bw: #bytes #iterations
+    // BW peak BW average (MB/s = 10^6 bytes) MsgRate.
+    let lat = perftest_row(a, "read-lat", "2");
+    let bw = perftest_row(a, "write-bw", "65536");
+    let (typical_us, perf_mib_s) = (lat[3], bw[2] * 1e6 / (1 << 20) as f64);
+    eprintln!(
+        "data_plane: probe read p50 {:.1} us vs ib_read_lat typical {typical_us:.1} us; write {:.1} MiB/s vs ib_write_bw {perf_mib_s:.1} MiB/s",
+        f("readP50Us"),
+        f("writeMibS")
+    );
+    let within = |x: f64, y: f64| x <= 3.0 * y && y <= 3.0 * x;
+    assert!(
+        within(f("readP50Us"), typical_us),
+        "read p50 {} us vs perftest {typical_us} us",
+        f("readP50Us")
+    );
+    assert!(
+        within(f("writeMibS"), perf_mib_s),
+        "write {} MiB/s vs perftest {perf_mib_s} MiB/s",
+        f("writeMibS")
+    );
+}
