@@ -269,8 +269,10 @@ impl Default for CnpSpec {
 )]
 pub struct SharedMemorySpec {
     /// Size of one region, a positive multiple of 4096 bytes (for example `1Gi`).
-    #[x_kube(validation = Rule::new("isQuantity(string(self)) && quantity(string(self)).isInteger() && quantity(string(self)).isGreaterThan(quantity('0')) && quantity(string(self)).asInteger() % 4096 == 0")
-        .message("regionSize must be a positive quantity of whole 4096-byte pages, such as 1Gi")
+    // The bound and the ternary keep `asInteger()` from running on a quantity beyond 63 bits
+    // (`16Ei`), whose evaluation error would replace the rule's message.
+    #[x_kube(validation = Rule::new("isQuantity(string(self)) && quantity(string(self)).isInteger() && quantity(string(self)).isLessThan(quantity('8Ei')) ? quantity(string(self)).isGreaterThan(quantity('0')) && quantity(string(self)).asInteger() % 4096 == 0 : false")
+        .message("regionSize must be a positive quantity of whole 4096-byte pages below 8Ei, such as 1Gi")
         .reason(Reason::FieldValueInvalid))]
     pub region_size: Quantity,
     /// Most regions the space holds, 1..1048576.

@@ -13,6 +13,7 @@ pub mod fabric;
 pub mod nic_selector;
 pub mod node;
 pub mod quantity;
+pub mod structural;
 pub mod validate;
 
 pub use fabric::{
@@ -24,3 +25,9 @@ pub use node::{
     InterfaceStatus, Knob, KnobOutcome, KnobStatus, Mechanism, RoceNode, RoceNodeSpec,
     RoceNodeStatus,
 };
+
+/// A string from outside, quoted for an error message: control characters escaped and cut to a
+/// readable length, so a crafted value cannot forge output.
+pub(crate) fn shown_json(s: &str) -> String {
+    format!("\"{}\"", rocefabric_input::shown(s))
+}

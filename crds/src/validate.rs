@@ -8,7 +8,7 @@ use kube::CustomResourceExt;
 use kube::core::cel::Validator;
 use serde_json::Value;
 
-use crate::{QosSpec, RoceFabric, quantity};
+use crate::{QosSpec, RoceFabric, quantity, structural};
 
 /// One rejected field: where, and why (the rule's message or the schema violation).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -75,20 +75,23 @@ pub fn fabric_value(object: &Value) -> Result<(), Invalid> {
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_string();
-    let mut errors: Vec<FieldError> = schema_validator()
-        .iter_errors(object)
-        .map(|e| FieldError {
-            field: pointer_to_path(e.instance_path().as_str()),
-            message: e.to_string(),
-        })
-        .collect();
+    let mut errors = structural::check(
+        object,
+        fabric_schema(),
+        crate::constants::API_VERSION,
+        "RoceFabric",
+    );
+    errors.extend(schema_validator().iter_errors(object).map(|e| FieldError {
+        field: pointer_to_path(e.instance_path().as_str()),
+        message: rocefabric_input::shown::shown_within(&tidy_numbers(&e.to_string()), 512),
+    }));
     // CEL rules presume a structurally valid object, as in the API server.
     if errors.is_empty()
         && let Err(cel) = Validator::new().validate(fabric_schema(), object, None)
     {
         errors.extend(cel.into_vec().into_iter().map(|e| FieldError {
             field: cel_field(&e.field_path, &e.message),
-            message: e.message,
+            message: rocefabric_input::shown::shown_within(&e.message, 512),
         }));
     }
     if errors.is_empty()
@@ -148,6 +151,25 @@ pub fn qos_value(qos: &Value) -> Result<QosSpec, Invalid> {
             message: e.to_string(),
         }],
     })
+}
+
+/// Schema bounds are floats in the generated schema (`maximum: 7.0`); say `7`, and write huge
+/// integral values out (`18446744073709551616`, not `1.8446744073709552e19`).
+fn tidy_numbers(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    for (i, word) in message.split(' ').enumerate() {
+        if i > 0 {
+            out.push(' ');
+        }
+        let (body, tail) = word.split_at(word.trim_end_matches([',', ';', ')']).len());
+        match body.parse::<f64>() {
+            Ok(f) if body.contains(['.', 'e']) && f.fract() == 0.0 && f.abs() < 1e21 => {
+                out.push_str(&format!("{f:.0}{tail}"));
+            }
+            _ => out.push_str(word),
+        }
+    }
+    out
 }
 
 /// `/spec/qos/pfcPriorities/1` -> `spec.qos.pfcPriorities[1]`.

@@ -203,7 +203,8 @@ fn ecn_priorities_must_be_within_0_to_7() {
 #[test]
 fn region_size_must_be_positive_whole_pages() {
     let msg = "regionSize must be a positive quantity of whole 4096-byte pages";
-    for bad in ["1000", "0", "6Ki", "1.5"] {
+    // 16Ei is past 64 bits: the rule's message, not the CEL library's "quantity too large".
+    for bad in ["1000", "0", "6Ki", "1.5", "16Ei", "100000Ei"] {
         assert_rejected(
             json!({"sharedMemory": {"regionSize": bad, "maxRegions": 8}}),
             "spec.sharedMemory.regionSize",
@@ -303,4 +304,102 @@ fn qos_block_alone_is_validated_with_the_same_rules() {
     let e = validate::qos_value(&json!({"mtu": 100})).expect_err("mtu too small");
     assert_eq!(e.errors[0].field, "mtu");
     assert!(e.to_string().contains("100"), "{e}");
+}
+
+#[test]
+fn unknown_fields_are_errors_naming_the_path_as_strict_field_validation_does() {
+    let errs = errors(json!({"nodeSelectr": {"matchLabels": {"a": "b"}}}));
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert_eq!(errs[0].field, "spec.nodeSelectr");
+    assert_eq!(
+        errs[0].message,
+        "unknown field \"nodeSelectr\" (did you mean \"nodeSelector\"?)"
+    );
+    assert_rejected(
+        json!({"qos": {"ecn": {"enable": true}}}),
+        "spec.qos.ecn.enable",
+        "unknown field",
+    );
+    let mut f = fabric(json!({}));
+    f["metadata"]["labelz"] = json!({});
+    f["extra"] = json!(1);
+    let e = validate::fabric_value(&f).expect_err("unknown metadata and root fields");
+    let fields: Vec<&str> = e.errors.iter().map(|e| e.field.as_str()).collect();
+    assert!(
+        fields.contains(&"metadata.labelz") && fields.contains(&"extra"),
+        "{fields:?}"
+    );
+    // Free-form maps are not "unknown fields".
+    assert!(errors(json!({"nodeSelector": {"matchLabels": {"any/key": "v"}}})).is_empty());
+}
+
+#[test]
+fn set_lists_refuse_duplicates() {
+    assert_rejected(
+        json!({"qos": {"pfcPriorities": [3, 3]}}),
+        "spec.qos.pfcPriorities[1]",
+        "Duplicate value: 3",
+    );
+    assert_rejected(
+        json!({"qos": {"ecn": {"priorities": [3, 4, 3]}}}),
+        "spec.qos.ecn.priorities[2]",
+        "Duplicate value: 3",
+    );
+}
+
+#[test]
+fn api_version_kind_and_name_are_checked() {
+    let mut f = fabric(json!({}));
+    f["apiVersion"] = json!("rocefabric.io/v9");
+    let e = validate::fabric_value(&f).expect_err("v9");
+    assert_eq!(e.errors[0].field, "apiVersion");
+    assert!(
+        e.errors[0].message.contains("\"rocefabric.io/v1alpha1\""),
+        "{e}"
+    );
+    for bad in ["", "Training", "a_b", "x\ny"] {
+        let mut f = fabric(json!({}));
+        f["metadata"]["name"] = json!(bad);
+        let e = validate::fabric_value(&f).expect_err(bad);
+        assert!(
+            e.errors.iter().any(|e| e.field == "metadata.name"),
+            "{bad:?}: {e}"
+        );
+        assert!(
+            !e.to_string().contains('\n'),
+            "control characters are escaped: {e}"
+        );
+    }
+}
+
+#[test]
+fn bounds_print_as_integers() {
+    let errs = errors(json!({"qos": {"roceDscp": 99}}));
+    assert!(
+        errs.iter()
+            .any(|e| e.message == "99 is greater than the maximum of 63"),
+        "{errs:?}"
+    );
+    let errs = errors(
+        json!({"sharedMemory": {"regionSize": "1Gi", "maxRegions": 18_446_744_073_709_551_615u64}}),
+    );
+    assert!(
+        errs.iter()
+            .any(|e| e.field == "spec.sharedMemory.maxRegions"
+                && e.message
+                    .contains("18446744073709551615 is greater than the maximum of 1048576")),
+        "{errs:?}"
+    );
+}
+
+#[test]
+fn the_qos_block_refuses_duplicate_priorities_and_unknown_fields() {
+    let e = validate::qos_value(&json!({"pfcPriorities": [3, 3]})).expect_err("duplicate");
+    assert!(
+        e.to_string()
+            .contains("pfcPriorities[1]: Duplicate value: 3"),
+        "{e}"
+    );
+    let e = validate::qos_value(&json!({"roceDscpp": 26})).expect_err("typo");
+    assert!(e.to_string().contains("roceDscpp: unknown field"), "{e}");
 }

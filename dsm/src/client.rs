@@ -580,7 +580,8 @@ impl Dsm {
 
 fn read_directory(path: &std::path::Path) -> Result<Directory> {
     let field = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| {
+    // The directory is a ConfigMap's data (etcd keeps objects under 1.5 MiB); 16 MiB is ample.
+    let text = rocefabric_input::read::read_file(path, 16 << 20).map_err(|e| {
         DsmError::input(&field, "", format!("cannot read the region directory: {e}"))
     })?;
     Directory::parse(&field, &text)

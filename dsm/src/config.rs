@@ -171,7 +171,8 @@ impl Inputs {
     /// Read the region file and check every input, naming the one that is wrong.
     pub fn config(self) -> Result<crate::Config> {
         let field = self.region_file.display().to_string();
-        let text = std::fs::read_to_string(&self.region_file).map_err(|e| {
+        // A downward-API file of one annotation: far below 1 MiB (the cap keeps /dev/zero out).
+        let text = rocefabric_input::read::read_file(&self.region_file, 1 << 20).map_err(|e| {
             DsmError::input(&field, "", format!("cannot read this pod's region annotation (is the pod in a fabric with sharedMemory?): {e}"))
         })?;
         let window = crate::Assignment::parse(&field, &text)?;

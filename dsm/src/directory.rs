@@ -76,6 +76,17 @@ impl Directory {
         let mut entries: Vec<Entry> = serde_json::from_str(text).map_err(|e| {
             DsmError::input(field, snippet(text), format!("not a region directory: {e}"))
         })?;
+        // A window past the 64-bit space would hide an overlap behind a saturated end.
+        if let Some(e) = entries
+            .iter()
+            .find(|e| e.base.checked_add(e.size).is_none())
+        {
+            return Err(DsmError::input(
+                field,
+                snippet(text),
+                format!("window of {} runs past the 64-bit address space", e.pod),
+            ));
+        }
         entries.sort_by_key(|e| e.base);
         for pair in entries.windows(2) {
             if pair[0].end() > pair[1].base {
@@ -197,6 +208,12 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("not a region directory"), "{e}");
+        // Found by fuzz/ (region_directory): a saturated end hid this overlap at the top byte.
+        let top = r#"[{"pod":"a","id":0,"base":18446744073709547520,"size":4096},{"pod":"b","id":1,"base":18446744073709551615,"size":1}]"#;
+        let e = Directory::parse("regions.json", top)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("window of a runs past the 64-bit"), "{e}");
     }
 
     #[test]

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt, stream};
-use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, PodSpec, PodStatus};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PartialObjectMeta};
 use kube::runtime::reflector::{self, Store};
@@ -433,27 +433,6 @@ impl Backoff {
     }
 }
 
-/// Strip a pod to what the planner reads (metadata without managedFields, node name,
-/// scheduling gates, phase and IPs): 50,000 pods fit in a few tens of MiB.
-pub fn trim_pod(pod: &mut Pod) {
-    pod.metadata.managed_fields = None;
-    if let Some(spec) = pod.spec.take() {
-        pod.spec = Some(PodSpec {
-            node_name: spec.node_name,
-            scheduling_gates: spec.scheduling_gates,
-            ..PodSpec::default()
-        });
-    }
-    if let Some(status) = pod.status.take() {
-        pod.status = Some(PodStatus {
-            phase: status.phase,
-            pod_ip: status.pod_ip,
-            pod_ips: status.pod_ips,
-            ..PodStatus::default()
-        });
-    }
-}
-
 /// The watch caches.
 #[derive(Clone)]
 pub struct Stores {
@@ -587,7 +566,7 @@ pub fn watches(client: &Client) -> (Stores, stream::BoxStream<'static, Tick>) {
     );
     let (pods, pod_writer) = reflector::store();
     let pod_events = watcher(Api::<Pod>::all(client.clone()), watcher::Config::default())
-        .modify(trim_pod)
+        .modify(crate::trim::pod)
         .default_backoff()
         .reflect(pod_writer);
     let p = ticks("pods", pod_events);
@@ -844,29 +823,5 @@ mod tests {
         o.patch(&mut pods);
         assert!(pods[0].metadata.annotations.is_none());
         assert!(o.is_empty());
-    }
-
-    #[test]
-    fn trimmed_pod_keeps_what_the_planner_reads() {
-        let mut p: Pod = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "a", "namespace": "ns", "labels": {"app": "x"},
-                "annotations": {"rocefabric.io/region": "{}"},
-                "managedFields": [{"manager": "kubectl"}]},
-            "spec": {"nodeName": "n1", "schedulingGates": [{"name": "rocefabric.io/region"}],
-                "containers": [{"name": "c", "image": "busybox"}]},
-            "status": {"phase": "Running", "podIP": "10.0.0.1", "containerStatuses": []}
-        }))
-        .expect("valid pod");
-        trim_pod(&mut p);
-        assert!(p.metadata.managed_fields.is_none());
-        assert_eq!(p.metadata.labels.as_ref().map(|l| l.len()), Some(1));
-        let spec = p.spec.as_ref().expect("spec kept");
-        assert_eq!(spec.node_name.as_deref(), Some("n1"));
-        assert_eq!(spec.scheduling_gates.as_ref().map(|g| g.len()), Some(1));
-        assert!(spec.containers.is_empty());
-        let status = p.status.as_ref().expect("status kept");
-        assert_eq!(status.phase.as_deref(), Some("Running"));
-        assert_eq!(status.pod_ip.as_deref(), Some("10.0.0.1"));
-        assert!(status.container_statuses.is_none());
     }
 }

@@ -8,3 +8,4 @@ pub mod metrics;
 pub mod planner;
 pub mod regions;
 pub mod snapshot;
+pub mod trim;

@@ -1,26 +1,54 @@
-//! Loading Kubernetes objects from YAML files as `kubectl get -o yaml` writes them: a `List`
+//! Loading Kubernetes objects from files as `kubectl get -o yaml|json` writes them: a `List`
 //! (`kind: List` or any `*List` with `items`), multi-document YAML, or a single object.
+//!
+//! Outside data, so read defensively:
+//! - JSON is streamed: one item is parsed at a time and cut to what the planner reads
+//!   ([`crate::trim`]) before the next, so a `kubectl get pods -A -o json` of a large cluster
+//!   needs memory for the kept fields only. Up to [`MAX_JSON_BYTES`].
+//! - YAML is parsed a document at a time (the parser holds one document), strictly (duplicate
+//!   keys, nesting depth: [`rocefabric_input::yaml`]). Up to [`MAX_YAML_BYTES`].
+//! - Objects are keyed by kind, namespace and name: one given twice is counted once and noted,
+//!   or refused when the two copies differ.
+//! - Names are checked as the API server checks them; type errors name the field path.
 
+use std::collections::HashMap;
+use std::io::{BufRead, Read};
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use rocefabric_api::structural::{dns_label, dns_subdomain};
 use rocefabric_api::validate::{self, FieldError};
 use rocefabric_api::{RoceFabric, RoceNode};
-use serde::Deserialize;
-use serde_json::Value;
+use rocefabric_input::read::{self, ReadError, human};
+use rocefabric_input::shown;
+use rocefabric_input::shown::shown_within;
+use rocefabric_input::yaml::{self, Strict};
+use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
+use serde_json::{Map, Value};
+
+/// Most notes kept; the rest are counted.
+pub const MAX_NOTES: usize = 20;
+
+/// Largest single object (a List's item, a document): the API server refuses requests over
+/// 3 MiB, so anything larger is not a Kubernetes object, and parsing it whole would cost memory
+/// out of proportion to what is kept.
+pub const MAX_OBJECT_BYTES: u64 = 8 << 20;
+
+/// Largest YAML file loaded: YAML is parsed a whole document at a time.
+pub const MAX_YAML_BYTES: u64 = 256 << 20;
+/// Largest JSON file loaded: JSON is streamed, one object at a time.
+pub const MAX_JSON_BYTES: u64 = 64 << 30;
 
 /// A file that cannot be loaded, naming the file and where in it.
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
-    #[error("failed to read {path}: {source}")]
-    Read {
+    #[error("{0}")]
+    Read(#[from] ReadError),
+    #[error("{path}: {place}: invalid {format}: {reason}")]
+    Syntax {
         path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("{path}: document {document}: invalid YAML: {reason}")]
-    Yaml {
-        path: PathBuf,
-        document: usize,
+        place: String,
+        format: &'static str,
         reason: String,
     },
     #[error("{path}: {place}: {reason}")]
@@ -32,7 +60,7 @@ pub enum SnapshotError {
 }
 
 /// The kinds a snapshot holds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kind {
     RoceFabric,
     Node,
@@ -63,6 +91,10 @@ impl Kind {
         .into_iter()
         .find(|k| k.as_str() == kind)
     }
+
+    fn namespaced(self) -> bool {
+        matches!(self, Kind::Pod | Kind::ConfigMap)
+    }
 }
 
 /// A fabric the API server would reject, with every reason.
@@ -83,38 +115,217 @@ pub struct Snapshot {
     pub roce_nodes: Vec<RoceNode>,
     pub pods: Vec<Pod>,
     pub config_maps: Vec<ConfigMap>,
+    /// Things worth saying that are not errors: objects given twice (the first
+    /// [`MAX_NOTES`], then a count).
+    pub notes: Vec<String>,
+    /// Notes left out past [`MAX_NOTES`].
+    pub notes_left_out: usize,
+    /// Where each object was first seen, and its index in its list (or, for a fabric that could
+    /// not be read, a digest of it), by kind, namespace and name.
+    seen: HashMap<(Kind, String), (String, Kept)>,
 }
 
 impl Snapshot {
     /// Load every object of `path`, accepting only the kinds in `accept`.
     pub fn load_file(&mut self, path: &Path, accept: &[Kind]) -> Result<(), SnapshotError> {
-        let text = std::fs::read_to_string(path).map_err(|source| SnapshotError::Read {
+        let mut reader =
+            std::io::BufReader::with_capacity(256 * 1024, read::open_file(path, MAX_JSON_BYTES)?);
+        let io = |source| ReadError::Io {
             path: path.to_path_buf(),
             source,
+        };
+        // JSON (`kubectl get -o json`) starts with `{` or `[`; anything else is YAML.
+        let json = loop {
+            let buf = reader.fill_buf().map_err(io)?;
+            if buf.is_empty() {
+                break false;
+            }
+            if buf.starts_with("\u{feff}".as_bytes()) {
+                reader.consume(3); // a byte order mark: not content
+                continue;
+            }
+            if let Some(offset) = buf.iter().position(|&b| b == 0) {
+                // Neither YAML nor JSON holds a NUL: refuse a binary file or device at once.
+                return Err(SnapshotError::Object {
+                    path: path.to_path_buf(),
+                    place: "file".into(),
+                    reason: format!("not text: a NUL byte at offset {offset}"),
+                });
+            }
+            match buf.iter().position(|b| !b.is_ascii_whitespace()) {
+                Some(i) => break matches!(buf[i], b'{' | b'['),
+                None => {
+                    let n = buf.len();
+                    reader.consume(n);
+                }
+            }
+        };
+        if json {
+            let before = self.len();
+            return match self.load_json(reader, path, accept) {
+                // Flow-style YAML (`{apiVersion: v1, ...}`) starts like JSON: when nothing was
+                // read as JSON, a small regular file gets a second reading as YAML.
+                Err(json @ SnapshotError::Syntax { .. })
+                    if self.len() == before
+                        && std::fs::metadata(path)
+                            .is_ok_and(|m| m.is_file() && m.len() <= MAX_YAML_BYTES) =>
+                {
+                    let text = read::read_file(path, MAX_YAML_BYTES)?;
+                    self.load_str(&text, path, accept).map_err(|_| json)
+                }
+                other => other,
+            };
+        }
+        let mut bytes = Vec::new();
+        reader
+            .take(MAX_YAML_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(io)?;
+        if bytes.len() as u64 > MAX_YAML_BYTES {
+            return Err(SnapshotError::Object {
+                path: path.to_path_buf(),
+                place: "file".into(),
+                reason: format!(
+                    "YAML larger than {} (YAML is parsed a document at a time); give it as JSON \
+                     (`kubectl get -o json`), which is streamed",
+                    human(MAX_YAML_BYTES)
+                ),
+            });
+        }
+        let text = String::from_utf8(bytes).map_err(|e| ReadError::NotUtf8 {
+            path: path.to_path_buf(),
+            offset: e.utf8_error().valid_up_to(),
         })?;
         self.load_str(&text, path, accept)
     }
 
-    /// Load every object of `text` (read from `path`, named in errors).
+    /// How many objects are loaded (of every kind).
+    fn len(&self) -> usize {
+        self.fabrics.len()
+            + self.unreadable_fabrics.len()
+            + self.nodes.len()
+            + self.roce_nodes.len()
+            + self.pods.len()
+            + self.config_maps.len()
+    }
+
+    /// Load every object of YAML (or JSON) `text` read from `path`, named in errors.
     pub fn load_str(
         &mut self,
         text: &str,
         path: &Path,
         accept: &[Kind],
     ) -> Result<(), SnapshotError> {
-        for (i, doc) in yaml_serde::Deserializer::from_str(text).enumerate() {
-            let document = i + 1;
-            let value = Value::deserialize(doc).map_err(|e| SnapshotError::Yaml {
-                path: path.to_path_buf(),
-                document,
-                reason: e.to_string(),
-            })?;
-            if value.is_null() {
-                continue; // an empty document, e.g. after a trailing `---`
+        let syntax = |document: usize, e: yaml::YamlError| SnapshotError::Syntax {
+            path: path.to_path_buf(),
+            place: format!("document {document}"),
+            format: "YAML",
+            reason: e.message,
+        };
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+        yaml::check_depth(text).map_err(|e| syntax(e.document, e))?;
+        let too_large = |place: &str, line: usize| SnapshotError::Object {
+            path: path.to_path_buf(),
+            place: format!("{place} (line {line})"),
+            reason: format!(
+                "an object larger than {} (the API server refuses anything over 3 MiB)",
+                human(MAX_OBJECT_BYTES)
+            ),
+        };
+        for (n, (first_line, doc)) in yaml::split_documents(text).into_iter().enumerate() {
+            let document = n + 1;
+            let place = format!("document {document}");
+            // A kubectl List is parsed item by item; anything else whole.
+            let (head, items, dedent) = match yaml::split_list(doc, first_line) {
+                Some(list) => (std::borrow::Cow::Owned(list.head), list.items, list.dedent),
+                None if doc.len() as u64 > MAX_OBJECT_BYTES => {
+                    return Err(too_large(&place, first_line));
+                }
+                None => (std::borrow::Cow::Borrowed(doc), Vec::new(), 0),
+            };
+            self.load_document(&head, first_line, path, &place, accept)
+                .map_err(|e| e.unwrap_or_else(|e| syntax(document, e)))?;
+            for (i, (line, item)) in items.into_iter().enumerate() {
+                let place = format!("{place}, item {i}");
+                if item.len() as u64 > MAX_OBJECT_BYTES {
+                    return Err(too_large(&place, line));
+                }
+                let mut values = yaml::documents(&item)
+                    .map_err(|e| syntax(document, yaml::shift_lines(e, line - 1, dedent)))?;
+                let value = values.pop().unwrap_or(Value::Null);
+                self.add(value, path, &place, accept)?;
             }
-            self.add(value, path, &format!("document {document}"), accept)?;
         }
         Ok(())
+    }
+
+    /// Parse one YAML document (its first line is `first_line` of the file): an object, or a
+    /// List whose items are added as they are parsed. Errors are the snapshot's own, or the
+    /// YAML's (with lines counted in the whole file).
+    fn load_document(
+        &mut self,
+        doc: &str,
+        first_line: usize,
+        path: &Path,
+        place: &str,
+        accept: &[Kind],
+    ) -> Result<(), Result<SnapshotError, yaml::YamlError>> {
+        for parsed in yaml_serde::Deserializer::from_str(doc) {
+            let mut failure = None;
+            let seed = Top {
+                snapshot: self,
+                path,
+                place,
+                accept,
+                failure: &mut failure,
+                meter: None,
+            };
+            match (seed.deserialize(parsed), failure) {
+                (_, Some(e)) => return Err(Ok(e)),
+                (Ok(()), None) => {}
+                (Err(e), None) => {
+                    let e = yaml::yaml_error(1, &e);
+                    let e = yaml::with_duplicate_line(e, doc);
+                    return Err(Err(yaml::shift_lines(e, first_line - 1, 0)));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Stream one JSON document: a List's items are added one at a time.
+    fn load_json(
+        &mut self,
+        reader: impl Read,
+        path: &Path,
+        accept: &[Kind],
+    ) -> Result<(), SnapshotError> {
+        let mut failure = None;
+        let meter = Meter::default();
+        meter.start_object();
+        let mut de = serde_json::Deserializer::from_reader(Metered {
+            inner: reader,
+            meter: &meter,
+        });
+        let seed = Top {
+            snapshot: self,
+            path,
+            place: "top level",
+            accept,
+            failure: &mut failure,
+            meter: Some(&meter),
+        };
+        let result = seed.deserialize(&mut de).and_then(|()| de.end());
+        match (failure, result) {
+            (Some(e), _) => Err(e),
+            (None, Ok(())) => Ok(()),
+            (None, Err(e)) => Err(SnapshotError::Syntax {
+                path: path.to_path_buf(),
+                place: format!("line {} column {}", e.line(), e.column()),
+                format: "JSON",
+                reason: shown_within(&strip_position(&e.to_string()), yaml::MAX_MESSAGE_CHARS),
+            }),
+        }
     }
 
     fn add(
@@ -137,8 +348,11 @@ impl Snapshot {
             return Err(err(place, "object has no `kind`".into()));
         };
         if kind.ends_with("List") {
-            let Some(Value::Array(items)) = value.get("items").cloned() else {
-                return Err(err(place, format!("{kind} has no `items` list")));
+            let Value::Object(mut map) = value else {
+                unreachable!("an object has a kind")
+            };
+            let Some(Value::Array(items)) = map.remove("items") else {
+                return Err(err(place, format!("{} has no `items` list", shown(&kind))));
             };
             for (i, item) in items.into_iter().enumerate() {
                 self.add(item, path, &format!("{place}, item {i}"), accept)?;
@@ -150,7 +364,11 @@ impl Snapshot {
             .and_then(Value::as_str)
             .unwrap_or("<unnamed>")
             .to_string();
-        let place = format!("{place} ({kind} {name})");
+        let namespace = value
+            .pointer("/metadata/namespace")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        let place = format!("{place} ({} {})", shown(&kind), shown(&name));
         let expected = || {
             accept
                 .iter()
@@ -161,40 +379,410 @@ impl Snapshot {
         let Some(k) = Kind::parse(&kind).filter(|k| accept.contains(k)) else {
             return Err(err(
                 &place,
-                format!("expected {}, found kind {kind:?}", expected()),
+                format!("expected {}, found kind \"{}\"", expected(), shown(&kind)),
             ));
         };
-        let typed = |e: serde_json::Error| err(&place, e.to_string());
+        if k != Kind::RoceFabric {
+            // Fabrics are checked (name included) by their own validation, below.
+            check_names(&value, k).map_err(|e| err(&place, e))?;
+        }
+        let key = match (&namespace, k.namespaced()) {
+            (Some(ns), true) => format!("{ns}/{name}"),
+            _ => name.clone(),
+        };
+        let named = value.pointer("/metadata/name").is_some();
+        if let Some((first, index)) = self.seen.get(&(k, key.clone())).filter(|_| named) {
+            let (first, index) = (first.clone(), *index);
+            return self.again(k, &key, value, first, index, &place, path);
+        }
+        // An unreadable fabric keeps no copy to compare a second one with: a digest of it does.
+        let raw = (k == Kind::RoceFabric).then(|| digest(&value));
+        let index = Kept::Index(match k {
+            Kind::RoceFabric => self.fabrics.len(),
+            Kind::Node => self.nodes.len(),
+            Kind::Pod => self.pods.len(),
+            Kind::RoceNode => self.roce_nodes.len(),
+            Kind::ConfigMap => self.config_maps.len(),
+        });
+        let unreadable = self.unreadable_fabrics.len();
+        self.seen.insert(
+            (k, key.clone()),
+            (format!("{} {place}", path.display()), index),
+        );
+        let typed = |e: yaml::TypeError| err(&place, e.to_string());
         match k {
-            Kind::RoceFabric => {
-                let checked = validate::fabric_value(&value);
-                match serde_json::from_value::<RoceFabric>(value) {
+            Kind::RoceFabric => match validate::fabric_value(&value) {
+                // Checked as given: unknown fields, duplicates and the apiVersion would be lost
+                // by reading it as a RoceFabric first.
+                Err(invalid) => self.unreadable_fabrics.push(InvalidFabric {
+                    name,
+                    errors: invalid.errors,
+                }),
+                Ok(()) => match yaml::typed::<RoceFabric>(value) {
                     Ok(f) => self.fabrics.push(f),
                     Err(e) => self.unreadable_fabrics.push(InvalidFabric {
                         name,
-                        errors: match checked {
-                            Err(invalid) => invalid.errors,
-                            Ok(()) => vec![FieldError {
-                                field: "<root>".into(),
-                                message: e.to_string(),
-                            }],
-                        },
+                        errors: vec![FieldError {
+                            field: e.path,
+                            message: e.message,
+                        }],
                     }),
-                }
+                },
+            },
+            Kind::Node => {
+                let mut node: Node = yaml::typed(value).map_err(typed)?;
+                crate::trim::node(&mut node);
+                self.nodes.push(node);
             }
-            Kind::Node => self
-                .nodes
-                .push(serde_json::from_value(value).map_err(typed)?),
-            Kind::Pod => self
-                .pods
-                .push(serde_json::from_value(value).map_err(typed)?),
-            Kind::RoceNode => self
-                .roce_nodes
-                .push(serde_json::from_value(value).map_err(typed)?),
-            Kind::ConfigMap => self
-                .config_maps
-                .push(serde_json::from_value(value).map_err(typed)?),
+            Kind::Pod => {
+                let mut pod: Pod = yaml::typed(value).map_err(typed)?;
+                crate::trim::pod(&mut pod);
+                self.pods.push(pod);
+            }
+            Kind::RoceNode => self.roce_nodes.push(yaml::typed(value).map_err(typed)?),
+            Kind::ConfigMap => self.config_maps.push(yaml::typed(value).map_err(typed)?),
+        }
+        if self.unreadable_fabrics.len() > unreadable
+            && let (Some(entry), Some(raw)) = (self.seen.get_mut(&(k, key)), raw)
+        {
+            entry.1 = Kept::Digest(raw);
         }
         Ok(())
+    }
+
+    /// An object seen before: the same copy is noted and counted once; a different one (another
+    /// uid or content) is an error naming both places.
+    #[allow(clippy::too_many_arguments)]
+    fn again(
+        &mut self,
+        kind: Kind,
+        key: &str,
+        value: Value,
+        first: String,
+        kept: Kept,
+        place: &str,
+        path: &Path,
+    ) -> Result<(), SnapshotError> {
+        fn same<T: serde::de::DeserializeOwned + PartialEq>(
+            kept: Option<&T>,
+            value: Value,
+            trim: impl FnOnce(&mut T),
+        ) -> bool {
+            yaml::typed::<T>(value).ok().is_some_and(|mut t| {
+                trim(&mut t);
+                kept == Some(&t)
+            })
+        }
+        /// For types without `PartialEq` (the derived custom resources).
+        fn same_json<T: serde::de::DeserializeOwned + serde::Serialize>(
+            kept: Option<&T>,
+            value: Value,
+        ) -> bool {
+            let kept = kept.and_then(|k| serde_json::to_value(k).ok());
+            yaml::typed::<T>(value)
+                .ok()
+                .and_then(|t| serde_json::to_value(t).ok())
+                .is_some_and(|t| kept == Some(t))
+        }
+        let i = match kept {
+            Kept::Index(i) => i,
+            Kept::Digest(_) => usize::MAX,
+        };
+        let same = match kind {
+            _ if matches!(kept, Kept::Digest(_)) => kept == Kept::Digest(digest(&value)),
+            Kind::RoceFabric => same_json(self.fabrics.get(i), value),
+            Kind::Pod => same(self.pods.get(i), value, crate::trim::pod),
+            Kind::Node => same(self.nodes.get(i), value, crate::trim::node),
+            Kind::RoceNode => same_json(self.roce_nodes.get(i), value),
+            Kind::ConfigMap => same(self.config_maps.get(i), value, |_| ()),
+        };
+        let what = format!("{} {}", kind.as_str(), shown(key));
+        let here = format!("{} {place}", path.display());
+        if same {
+            if self.notes.len() < MAX_NOTES {
+                self.notes.push(format!(
+                    "{what} is given twice ({first}; {here}): counted once"
+                ));
+            } else {
+                self.notes_left_out += 1;
+            }
+            Ok(())
+        } else {
+            Err(SnapshotError::Object {
+                path: path.to_path_buf(),
+                place: place.to_string(),
+                reason: format!(
+                    "{what} was already given, with other contents, at {first}: give one copy"
+                ),
+            })
+        }
+    }
+}
+
+/// What is kept of an object seen once, to tell a second copy apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kept {
+    /// Its index in the list of its kind.
+    Index(usize),
+    /// A digest of its text (a fabric that could not be read, kept only as errors).
+    Digest(u64),
+}
+
+fn digest(value: &Value) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    value.to_string().hash(&mut h);
+    h.finish()
+}
+
+/// `metadata.name` (and `metadata.namespace` of namespaced kinds) as the API server requires.
+fn check_names(value: &Value, kind: Kind) -> Result<(), String> {
+    let field = |f: &str| {
+        value
+            .pointer(&format!("/metadata/{f}"))
+            .and_then(Value::as_str)
+    };
+    let name = field("name").ok_or("metadata.name: Required value: name is required")?;
+    dns_subdomain(name)
+        .map_err(|why| format!("metadata.name: Invalid value: \"{}\": {why}", shown(name)))?;
+    if kind.namespaced() {
+        let ns = field("namespace")
+            .ok_or("metadata.namespace: Required value: a namespaced object needs one")?;
+        dns_label(ns).map_err(|why| {
+            format!(
+                "metadata.namespace: Invalid value: \"{}\": {why}",
+                shown(ns)
+            )
+        })?;
+    }
+    Ok(())
+}
+
+/// serde_json's message without its trailing "at line L column C" (the place says it).
+fn strip_position(message: &str) -> String {
+    match message.rfind(" at line ") {
+        Some(i) => message[..i].to_string(),
+        None => message.to_string(),
+    }
+}
+
+/// The top-level JSON value: an object whose `items` (if any) are added one by one as they are
+/// parsed, so a List is never held whole.
+struct Top<'a> {
+    snapshot: &'a mut Snapshot,
+    path: &'a Path,
+    /// `document N` (YAML) or `top level` (JSON).
+    place: &'a str,
+    accept: &'a [Kind],
+    failure: &'a mut Option<SnapshotError>,
+    /// The JSON reader's byte count, to bound each object.
+    meter: Option<&'a Meter>,
+}
+
+impl<'de> DeserializeSeed<'de> for Top<'_> {
+    type Value = ();
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Top<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a Kubernetes object or List")
+    }
+
+    /// An empty document (after a trailing `---`).
+    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_none<E: de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+
+    /// A bare JSON array of objects, read like a List's items.
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<(), A::Error> {
+        Items {
+            snapshot: self.snapshot,
+            path: self.path,
+            place: self.place,
+            accept: self.accept,
+            failure: self.failure,
+            meter: self.meter,
+        }
+        .visit_seq(seq)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        if let Some(m) = self.meter {
+            m.start_object();
+        }
+        let mut rest = Map::new();
+        let mut items = None;
+        while let Some(key) = map.next_key::<String>()? {
+            if rest.contains_key(&key) || (key == "items" && items.is_some()) {
+                return Err(de::Error::custom(format!(
+                    "duplicate key {:?}",
+                    shown(&key)
+                )));
+            }
+            if key == "items" {
+                items = Some(map.next_value_seed(Items {
+                    snapshot: &mut *self.snapshot,
+                    path: self.path,
+                    place: self.place,
+                    accept: self.accept,
+                    failure: &mut *self.failure,
+                    meter: self.meter,
+                })?);
+                // The fields after the items count as one more object.
+                if let Some(m) = self.meter {
+                    m.start_object();
+                }
+            } else {
+                rest.insert(key, map.next_value_seed(Strict)?);
+            }
+        }
+        let kind = rest.get("kind").and_then(Value::as_str).unwrap_or_default();
+        match items {
+            Some(_) if !kind.ends_with("List") => {
+                *self.failure = Some(SnapshotError::Object {
+                    path: self.path.to_path_buf(),
+                    place: self.place.to_string(),
+                    reason: format!("`items` in an object of kind {:?}, not a List", shown(kind)),
+                });
+                Err(de::Error::custom("not a List"))
+            }
+            Some(_) => Ok(()),
+            None => self
+                .snapshot
+                .add(Value::Object(rest), self.path, self.place, self.accept)
+                .map_err(|e| {
+                    *self.failure = Some(e);
+                    de::Error::custom("refused")
+                }),
+        }
+    }
+}
+
+/// A List's `items`, each added as soon as it is parsed.
+struct Items<'a> {
+    snapshot: &'a mut Snapshot,
+    path: &'a Path,
+    place: &'a str,
+    accept: &'a [Kind],
+    failure: &'a mut Option<SnapshotError>,
+    meter: Option<&'a Meter>,
+}
+
+impl<'de> DeserializeSeed<'de> for Items<'_> {
+    type Value = ();
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Items<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a list of objects")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let mut i = 0;
+        loop {
+            if let Some(m) = self.meter {
+                m.start_object();
+            }
+            let Some(item) = seq.next_element_seed(Strict)? else {
+                break;
+            };
+            let place = if self.place == "top level" {
+                format!("item {i}")
+            } else {
+                format!("{}, item {i}", self.place)
+            };
+            if let Err(e) = self.snapshot.add(item, self.path, &place, self.accept) {
+                *self.failure = Some(e);
+                return Err(de::Error::custom("refused"));
+            }
+            i += 1;
+        }
+        Ok(())
+    }
+}
+
+/// Bytes read so far, and where the current object must end: a JSON object larger than
+/// [`MAX_OBJECT_BYTES`] fails while it is being read, before it is held whole.
+#[derive(Default)]
+struct Meter {
+    read: std::cell::Cell<u64>,
+    end: std::cell::Cell<u64>,
+}
+
+impl Meter {
+    fn start_object(&self) {
+        self.end.set(self.read.get() + MAX_OBJECT_BYTES);
+    }
+}
+
+struct Metered<'a, R> {
+    inner: R,
+    meter: &'a Meter,
+}
+
+impl<R: Read> Read for Metered<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        let read = self.meter.read.get() + n as u64;
+        self.meter.read.set(read);
+        if read > self.meter.end.get() {
+            return Err(std::io::Error::other(format!(
+                "an object larger than {} (the API server refuses anything over 3 MiB)",
+                human(MAX_OBJECT_BYTES)
+            )));
+        }
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn streamed_pods_keep_only_what_the_planner_reads() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("pods.json");
+        let pod = serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "a", "namespace": "default", "managedFields": [{"manager": "m"}],
+                "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{}",
+                    "rocefabric.io/region-size": "2Gi"}},
+            "spec": {"containers": [{"name": "c", "image": "i"}], "nodeName": "n1"},
+            "status": {"phase": "Running", "containerStatuses": []}});
+        let list = serde_json::json!({"apiVersion": "v1", "items": [pod], "kind": "List"});
+        std::fs::write(&path, list.to_string()).expect("write");
+        let mut snap = Snapshot::default();
+        snap.load_file(&path, &[Kind::Pod]).expect("loads");
+        let p = &snap.pods[0];
+        assert!(p.metadata.managed_fields.is_none());
+        let annotations = p.metadata.annotations.as_ref().expect("ours kept");
+        assert_eq!(
+            annotations.keys().collect::<Vec<_>>(),
+            ["rocefabric.io/region-size"]
+        );
+        let spec = p.spec.as_ref().expect("spec");
+        assert!(spec.containers.is_empty());
+        assert_eq!(spec.node_name.as_deref(), Some("n1"));
+        assert!(
+            p.status
+                .as_ref()
+                .expect("status")
+                .container_statuses
+                .is_none()
+        );
     }
 }

@@ -235,7 +235,8 @@ fn an_invalid_fabric_is_listed_with_its_field_errors() {
     );
     let nodes = write(&dir, "nodes.yaml", NODES);
     let pods = write(&dir, "pods.yaml", "");
-    let v = json(&[
+    // The plan is printed, and the exit status says that a fabric is invalid.
+    let out = run(&[
         "--fabrics",
         &fabrics,
         "--fabrics",
@@ -244,7 +245,16 @@ fn an_invalid_fabric_is_listed_with_its_field_errors() {
         &nodes,
         "--pods",
         &pods,
+        "--output",
+        "json",
     ]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("2 of 2 fabrics invalid: bad, worse"),
+        "{stderr}"
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     let fabrics = v["fabrics"].as_array().unwrap();
     assert_eq!(fabrics[0]["name"], "bad");
     assert_eq!(fabrics[0]["valid"], false);
@@ -350,7 +360,7 @@ fn bad_files_are_named_with_the_problem() {
     for (pods, expect) in [
         (&broken, "invalid YAML"),
         (&wrong, "expected Pod, found kind \"Node\""),
-        (&missing, "failed to read"),
+        (&missing, "cannot read"),
         (&no_kind, "no `kind`"),
     ] {
         let out = run(&[

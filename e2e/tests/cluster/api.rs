@@ -123,6 +123,15 @@ fn cel_cases() -> Vec<CelCase> {
             ),
             before: None,
         },
+        // Past 63 bits: the rule's own message, on the API server as in `validate`.
+        CelCase {
+            message: "regionSize must be a positive quantity of whole 4096-byte pages",
+            object: fabric(
+                "e2e-bad",
+                json!({"sharedMemory": {"regionSize": "16Ei", "maxRegions": 4}}),
+            ),
+            before: None,
+        },
         CelCase {
             message: "metadata.name must be at most 63 characters",
             object: fabric(&"x".repeat(64), json!({})),
@@ -443,4 +452,60 @@ fn kubectl_get_prints_the_declared_columns() {
             .is_some_and(|r| r.starts_with(node.as_str())),
         "{out}"
     );
+}
+
+/// What `plan` and `qos apply` refuse as the API server does (strict field validation, set lists,
+/// names), the server refuses too, naming the same field: `kubectl create --dry-run=server
+/// --validate=strict` against `rocefabric_api::validate`.
+#[test]
+fn strict_validation_matches_the_api_server() {
+    const TEST: &str = "strict_validation_matches_the_api_server";
+    let Some(ctx) = cluster(TEST) else {
+        return;
+    };
+    let local = ctx.setup.local.as_ref();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cases = [
+        (
+            fabric(
+                "e2e-strict",
+                json!({"nodeSelectr": {"matchLabels": {"a": "b"}}}),
+            ),
+            "spec.nodeSelectr",
+            "unknown field",
+        ),
+        (
+            fabric("e2e-strict", json!({"qos": {"pfcPriorities": [3, 3]}})),
+            "spec.qos.pfcPriorities[1]",
+            "Duplicate value: 3",
+        ),
+        (fabric("Bad_Name", json!({})), "metadata.name", "RFC 1123"),
+    ];
+    for (i, (object, field, needle)) in cases.iter().enumerate() {
+        let ours = rocefabric_api::validate::fabric_value(object).expect_err("refused here");
+        assert!(
+            ours.errors
+                .iter()
+                .any(|e| e.field == *field && e.message.contains(needle)),
+            "{field}: {ours}"
+        );
+        let file = dir.path().join(format!("f{i}.json"));
+        std::fs::write(&file, object.to_string()).expect("write");
+        let path = file.to_str().expect("utf-8 path");
+        let err = kubectl(
+            local,
+            &[
+                "create",
+                "--dry-run=server",
+                "--validate=strict",
+                "-f",
+                path,
+            ],
+        )
+        .expect_err("refused by the API server");
+        assert!(
+            err.contains(field) && err.contains(needle),
+            "the API server names {field} with {needle:?}: {err}"
+        );
+    }
 }

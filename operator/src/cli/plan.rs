@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use anyhow::Context as _;
 use clap::{Args, ValueEnum};
 use k8s_openapi::jiff::Timestamp;
+use rocefabric_input::shown::shown_within;
 use serde::Serialize;
 
 use crate::planner::{
@@ -66,6 +67,9 @@ pub struct PlanOutput {
     /// Every write in full, with `--writes`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub write_list: Option<Vec<Write>>,
+    /// Remarks on the input that are not errors (an object given twice).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 /// Load the files and plan.
@@ -79,9 +83,8 @@ pub fn plan_files(args: &PlanArgs) -> anyhow::Result<PlanOutput> {
     ];
     for (paths, kind) in groups {
         for path in paths {
-            snapshot
-                .load_file(path, &[kind])
-                .with_context(|| format!("cannot load {}", path.display()))?;
+            // The error names the file and the place in it.
+            snapshot.load_file(path, &[kind])?;
         }
     }
     tracing::debug!(
@@ -107,6 +110,13 @@ pub fn plan_files(args: &PlanArgs) -> anyhow::Result<PlanOutput> {
             ..PlanOptions::default()
         },
     );
+    let mut notes = std::mem::take(&mut snapshot.notes);
+    if snapshot.notes_left_out > 0 {
+        notes.push(format!(
+            "{} more objects are given twice and counted once",
+            snapshot.notes_left_out
+        ));
+    }
     let mut report = plan.report;
     for bad in snapshot.unreadable_fabrics {
         report.fabrics.push(FabricReport {
@@ -132,12 +142,17 @@ pub fn plan_files(args: &PlanArgs) -> anyhow::Result<PlanOutput> {
         report,
         writes,
         write_list: args.writes.then_some(plan.writes),
+        notes,
     })
 }
 
-/// Run `plan`, printing to stdout.
+/// Run `plan`, printing to stdout. Fails (after printing the plan) when a fabric is invalid or
+/// the files hold no fabric, so scripts and CI can gate on it.
 pub fn run(args: PlanArgs) -> anyhow::Result<()> {
     let out = plan_files(&args)?;
+    for note in &out.notes {
+        eprintln!("rocefabric-operator: note: {note}");
+    }
     let text = match args.output {
         OutputFormat::Json => {
             serde_json::to_string_pretty(&out).context("cannot render the plan as JSON")? + "\n"
@@ -145,6 +160,28 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
         OutputFormat::Table => render_table(&out),
     };
     print!("{text}");
+    verdict(&out.report)
+}
+
+/// An error when no fabric was given or any fabric is invalid.
+pub fn verdict(report: &PlanReport) -> anyhow::Result<()> {
+    let invalid: Vec<String> = report
+        .fabrics
+        .iter()
+        .filter(|f| !f.valid)
+        .map(|f| rocefabric_input::shown(&f.name))
+        .collect();
+    if report.fabrics.is_empty() {
+        anyhow::bail!("the --fabrics files hold no RoceFabric");
+    }
+    if !invalid.is_empty() {
+        anyhow::bail!(
+            "{} of {} fabrics invalid: {}",
+            invalid.len(),
+            report.fabrics.len(),
+            invalid.join(", ")
+        );
+    }
     Ok(())
 }
 
@@ -169,10 +206,18 @@ pub fn format_bytes(bytes: u64) -> String {
     bytes.to_string()
 }
 
-/// Align columns: every row has the header's number of cells.
+/// Longest cell shown: a Kubernetes name (253) fits; longer text is cut, saying its length.
+const MAX_CELL_CHARS: usize = 253;
+
+/// Align columns: every row has the header's number of cells. Cells are escaped (a name with a
+/// newline or terminal escape cannot forge a row) and cut to [`MAX_CELL_CHARS`].
 fn table(out: &mut String, header: &[&str], rows: &[Vec<String>]) {
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| r.iter().map(|c| shown_within(c, MAX_CELL_CHARS)).collect())
+        .collect();
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for row in rows {
+    for row in &rows {
         for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(cell.chars().count());
         }
@@ -180,13 +225,15 @@ fn table(out: &mut String, header: &[&str], rows: &[Vec<String>]) {
     let line = |out: &mut String, cells: &mut dyn Iterator<Item = &str>| {
         let mut text = String::new();
         for (i, cell) in cells.enumerate() {
-            let _ = write!(text, "{cell:<width$}  ", width = widths[i]);
+            text.push_str(cell);
+            let pad = widths[i].saturating_sub(cell.chars().count()) + 2;
+            text.extend(std::iter::repeat_n(' ', pad));
         }
         out.push_str(text.trim_end());
         out.push('\n');
     };
     line(out, &mut header.iter().copied());
-    for row in rows {
+    for row in &rows {
         line(out, &mut row.iter().map(String::as_str));
     }
 }
@@ -235,7 +282,13 @@ pub fn render_table(out: &PlanOutput) -> String {
     );
     for f in r.fabrics.iter().filter(|f| !f.errors.is_empty()) {
         for e in &f.errors {
-            let _ = writeln!(s, "  {}: {}: {}", f.name, e.field, e.message);
+            let _ = writeln!(
+                s,
+                "  {}: {}: {}",
+                shown_within(&f.name, MAX_CELL_CHARS),
+                shown_within(&e.field, MAX_CELL_CHARS),
+                shown_within(&e.message, 4 * MAX_CELL_CHARS)
+            );
         }
     }
 
@@ -323,7 +376,7 @@ pub fn render_table(out: &PlanOutput) -> String {
         let _ = writeln!(
             s,
             "\nRoceNodes deleted: {}",
-            r.deleted_roce_nodes.join(", ")
+            shown_within(&r.deleted_roce_nodes.join(", "), 4 * MAX_CELL_CHARS)
         );
     }
     s
