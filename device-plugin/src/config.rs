@@ -1,6 +1,8 @@
 //! The device plugin's YAML configuration (`--config`): every field has a default, unknown fields
-//! are rejected (a typo must not silently fall back to a default), and [`Config::validate`] names
-//! the offending field and value.
+//! and duplicate keys are rejected (a typo must not silently fall back to a default, nor a second
+//! `hca:` silently replace the first), type errors name the field path (`hca.sharedReplicas`),
+//! [`Config::validate`] names the offending field and value, and a file larger than
+//! [`CONFIG_FILE_LIMIT`] is refused unread.
 //!
 //! ```yaml
 //! pollInterval: 500ms          # health/membership poll of sysfs; "1s" by default
@@ -27,9 +29,15 @@ use std::time::Duration;
 
 use rocefabric_api::NicSelector;
 use rocefabric_api::constants::{DEFAULT_GPU_RESOURCE, GPU_HCA_RESOURCE, HCA_RESOURCE};
+use rocefabric_input::read::{ReadError, read_file};
+use rocefabric_input::yaml;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::model::Inventory;
+
+/// Most bytes read from a `--config` file (this one, and `qos apply`'s): far above any real
+/// config, and `--config /dev/zero` fails instead of filling memory.
+pub const CONFIG_FILE_LIMIT: u64 = 1 << 20;
 
 /// Largest accepted `hca.sharedReplicas`: each replica is one kubelet device, and beyond a few
 /// hundred pods per HCA the sharing is a configuration mistake rather than a plan.
@@ -165,17 +173,18 @@ impl Default for PairConfig {
 /// Why a configuration was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("failed to read config file {path}: {source}")]
+    /// `source` names the file already.
+    #[error("cannot load config: {source}")]
     Read {
         path: PathBuf,
         #[source]
-        source: std::io::Error,
+        source: ReadError,
     },
     #[error("failed to parse config{}: {source}", display_path(path.as_deref()))]
     Parse {
         path: Option<PathBuf>,
         #[source]
-        source: yaml_serde::Error,
+        source: yaml::Error,
     },
     #[error("invalid config{}: {field} = {value}: {reason}", display_path(path.as_deref()))]
     Invalid {
@@ -235,20 +244,21 @@ fn invalid(field: &str, value: impl fmt::Display, reason: impl Into<String>) -> 
 impl Config {
     /// Read, parse and validate a YAML config file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        let text = read_file(path, CONFIG_FILE_LIMIT).map_err(|source| ConfigError::Read {
             path: path.to_path_buf(),
             source,
         })?;
         Config::from_yaml(&text).map_err(|e| e.with_path(path))
     }
 
-    /// Parse and validate YAML text. An empty document gives the defaults.
+    /// Parse and validate YAML text. An empty document (or only comments) gives the defaults.
     pub fn from_yaml(text: &str) -> Result<Config, ConfigError> {
-        let config: Config = if text.trim().is_empty() {
+        let parse = |source| ConfigError::Parse { path: None, source };
+        let value: serde_json::Value = yaml::from_str(text).map_err(parse)?;
+        let config: Config = if value.is_null() {
             Config::default()
         } else {
-            yaml_serde::from_str(text)
-                .map_err(|source| ConfigError::Parse { path: None, source })?
+            yaml::typed(value).map_err(|e| parse(e.into()))?
         };
         config.validate()?;
         Ok(config)
@@ -429,8 +439,18 @@ pub mod duration_text {
         s.serialize_str(&format(*d))
     }
 
+    /// A bare number (`pollInterval: 1`) is a YAML integer, not text: named as having no unit.
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let text = String::deserialize(d)?;
+        let text = match serde_json::Value::deserialize(d)? {
+            serde_json::Value::String(s) => s,
+            serde_json::Value::Number(n) => n.to_string(),
+            other => {
+                return Err(serde::de::Error::custom(format!(
+                    "expected a duration such as \"1s\", found {}",
+                    rocefabric_input::shown(&other.to_string())
+                )));
+            }
+        };
         parse(&text).map_err(serde::de::Error::custom)
     }
 }

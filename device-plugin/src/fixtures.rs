@@ -17,7 +17,7 @@
 //!   whatever the caller's privileges).
 //!
 //! Runtime helpers change a written tree the way the kernel would: [`set_port_state`],
-//! [`remove_rdma_device`], [`remove_pci_function`].
+//! [`remove_rdma_device`], [`remove_pci_function`]; [`replace_with_fifo`] the way it never would.
 
 use std::collections::{BTreeSet, HashSet};
 use std::fs;
@@ -1152,12 +1152,30 @@ pub fn set_port_state(root: &Path, ibdev: &str, port: u32, up: bool) -> io::Resu
     let mut netdevs: Vec<PathBuf> = fs::read_dir(ib.join("device/net"))
         .map(|rd| rd.flatten().map(|e| e.path()).collect())
         .unwrap_or_default();
-    if let Ok(parent) = fs::read_to_string(ib.join("parent")) {
-        netdevs.push(root.join("class/net").join(parent.trim()));
+    if let Some(parent) = rocefabric_input::read::attr(&ib.join("parent")) {
+        netdevs.push(root.join("class/net").join(parent));
     }
     for n in netdevs {
         fs::write(n.join("operstate"), if up { "up\n" } else { "down\n" })?;
         fs::write(n.join("carrier"), if up { "1\n" } else { "0\n" })?;
+    }
+    Ok(())
+}
+
+/// Replace the file at `path` with a FIFO, as a broken or hostile tree could: a read that opens it
+/// the ordinary way blocks until a writer comes, which is what tests of bounded reads plant.
+/// Uses `mkfifo(1)`, keeping `unsafe` out of this crate.
+pub fn replace_with_fifo(path: &Path) -> io::Result<()> {
+    match fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    let status = std::process::Command::new("mkfifo").arg(path).status()?;
+    if !status.success() {
+        return Err(io::Error::other(format!(
+            "mkfifo {} failed: {status}",
+            path.display()
+        )));
     }
     Ok(())
 }
@@ -1203,8 +1221,7 @@ pub fn remove_rdma_device(root: &Path, ibdev: &str) -> io::Result<()> {
             continue;
         };
         for e in entries.flatten() {
-            let owner = fs::read_to_string(e.path().join("ibdev")).unwrap_or_default();
-            if owner.trim() == ibdev {
+            if rocefabric_input::read::attr(&e.path().join("ibdev")).is_some_and(|o| o == ibdev) {
                 dirs.push(e.path());
             }
         }

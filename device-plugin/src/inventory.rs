@@ -20,6 +20,9 @@
 //!   one device with a warning; discovery of the others goes on. GID table entries are different:
 //!   the kernel fails reads of unused entries by design, so an unreadable or malformed entry only
 //!   skips that index.
+//! - Every attribute is read with [`rocefabric_input::read::read_attr`]: a FIFO or device planted
+//!   in the tree is refused instead of blocking the poll, and a value is at most 16 KiB. Names and
+//!   values quoted in warnings go through [`shown`].
 
 use std::fs;
 use std::io;
@@ -27,6 +30,9 @@ use std::net::Ipv6Addr;
 use std::path::{Path, PathBuf};
 
 use rocefabric_api::{NicIdentity, NicSelector};
+use rocefabric_input::read::{ReadError, attr, read_attr};
+use rocefabric_input::shown;
+use rocefabric_input::shown::shown_within;
 use tracing::{debug, warn};
 
 use crate::model::{Gpu, Hca, Health, Inventory, PortState, virtual_hca_id};
@@ -44,6 +50,21 @@ pub enum DiscoverError {
         #[source]
         source: io::Error,
     },
+    /// `class/infiniband` itself cannot be listed: "no RDMA devices" would be a guess.
+    #[error("cannot read {}: {source}{}", path.display(), rdma_class_hint(source))]
+    RdmaClass {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+fn rdma_class_hint(source: &io::Error) -> &'static str {
+    if source.kind() == io::ErrorKind::NotFound {
+        ": no RDMA devices are registered (is the RDMA stack loaded?)"
+    } else {
+        ""
+    }
 }
 
 /// Why one device was skipped.
@@ -55,7 +76,11 @@ pub enum DeviceError {
         #[source]
         source: io::Error,
     },
-    #[error("malformed {path}: {value:?} ({expected})")]
+    /// An attribute that cannot be read (missing, a FIFO, too large, ...); names its path.
+    #[error(transparent)]
+    Attr(#[from] ReadError),
+    /// `value` is already [`shown`]: escaped and cut.
+    #[error("malformed {path}: \"{value}\" ({expected})")]
     Malformed {
         path: PathBuf,
         value: String,
@@ -64,16 +89,23 @@ pub enum DeviceError {
 }
 
 fn read(path: &Path) -> Result<String, DeviceError> {
-    fs::read_to_string(path).map_err(|source| DeviceError::Read {
-        path: path.to_path_buf(),
-        source,
-    })
+    Ok(read_attr(path)?)
 }
 
 fn malformed(path: &Path, value: &str, expected: &'static str) -> DeviceError {
     DeviceError::Malformed {
         path: path.to_path_buf(),
-        value: value.to_string(),
+        value: shown(value),
+        expected,
+    }
+}
+
+/// A link that resolves somewhere unexpected: its target is escaped but not cut (a resolved path
+/// is at most PATH_MAX, and cut it would not say where it points).
+fn bad_link(link: &Path, target: &Path, expected: &'static str) -> DeviceError {
+    DeviceError::Malformed {
+        path: link.to_path_buf(),
+        value: shown_within(&target.to_string_lossy(), usize::MAX),
         expected,
     }
 }
@@ -101,10 +133,10 @@ fn read_class(path: &Path) -> Result<u32, DeviceError> {
 /// `numa_node`: `"-1\n"` (or no file, on kernels without NUMA) -> `None`.
 fn read_numa(func: &Path) -> Result<Option<u32>, DeviceError> {
     let path = func.join("numa_node");
-    let text = match fs::read_to_string(&path) {
+    let text = match read_attr(&path) {
         Ok(t) => t,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(source) => return Err(DeviceError::Read { path, source }),
+        Err(e) if e.io_kind() == Some(io::ErrorKind::NotFound) => return Ok(None),
+        Err(e) => return Err(e.into()),
     };
     let t = text.trim();
     let n: i64 = t
@@ -177,25 +209,31 @@ fn resolve_function(root: &Path, link: &Path) -> Result<PciFn, DeviceError> {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     if !is_bdf(&address) {
-        return Err(malformed(
+        return Err(bad_link(
             link,
-            &dir.to_string_lossy(),
+            &dir,
             "a link to a PCI function dddd:bb:dd.f",
         ));
     }
-    let rel = dir.strip_prefix(root).map_err(|_| {
-        malformed(
-            link,
-            &dir.to_string_lossy(),
-            "a PCI function below the sysfs root",
-        )
-    })?;
+    let rel = dir
+        .strip_prefix(root)
+        .map_err(|_| bad_link(link, &dir, "a PCI function below the sysfs root"))?;
     let pci_path = format!("/{}", rel.to_string_lossy());
     Ok(PciFn {
         dir,
         address,
         pci_path,
     })
+}
+
+/// Fail, naming the path and the cause, unless `<sysfs_root>/class/infiniband` can be listed.
+/// [`discover`] takes a missing one for "no RDMA devices" (right for `serve` on a GPU-only node);
+/// a user asking what is there needs to hear why nothing is. An empty directory is fine.
+pub fn check_rdma_class(sysfs_root: &Path) -> Result<(), DiscoverError> {
+    let path = sysfs_root.join("class/infiniband");
+    fs::read_dir(&path)
+        .map(drop)
+        .map_err(|source| DiscoverError::RdmaClass { path, source })
 }
 
 /// Discover HCAs (narrowed by `selector`) and GPUs under `sysfs_root`.
@@ -227,9 +265,9 @@ pub fn discover_with(
             Ok(Some(hca)) => {
                 if let Some(other) = hcas.iter().find(|h| h.id == hca.id) {
                     warn!(
-                        rdma_device = %hca.name,
-                        id = %hca.id,
-                        kept = %other.name,
+                        rdma_device = %shown(&hca.name),
+                        id = %shown(&hca.id),
+                        kept = %shown(&other.name),
                         "skipping RDMA device: another RoCE device already has its device ID (virtual devices on netdevs sharing a MAC share a node GUID)"
                     );
                 } else {
@@ -237,7 +275,7 @@ pub fn discover_with(
                 }
             }
             Ok(None) => {}
-            Err(error) => warn!(rdma_device = %name, %error, "skipping RDMA device"),
+            Err(error) => warn!(rdma_device = %shown(&name), %error, "skipping RDMA device"),
         }
     }
     hcas.sort_by(|a, b| a.id.cmp(&b.id));
@@ -250,7 +288,7 @@ pub fn discover_with(
         match is_nvidia_gpu(&root, &address) {
             Ok(true) => candidates.push(address),
             Ok(false) => {}
-            Err(error) => warn!(pci_address = %address, %error, "skipping PCI function"),
+            Err(error) => warn!(pci_address = %shown(&address), %error, "skipping PCI function"),
         }
     }
     candidates.sort();
@@ -263,7 +301,7 @@ pub fn discover_with(
                 from_driver += usize::from(minor_from_driver);
                 gpus.push(gpu);
             }
-            Err(error) => warn!(pci_address = %address, %error, "skipping GPU"),
+            Err(error) => warn!(pci_address = %shown(address), %error, "skipping GPU"),
         }
     }
     // The driver's minors and the PCI order are two numberings: mixed, they could give two GPUs
@@ -287,19 +325,14 @@ pub fn discover_with(
 fn read_hca(root: &Path, name: &str, selector: &NicSelector) -> Result<Option<Hca>, DeviceError> {
     let ib = root.join("class/infiniband").join(name);
     let node_type_path = ib.join("node_type");
-    match fs::read_to_string(&node_type_path) {
+    match read_attr(&node_type_path) {
         Ok(t) if t.trim_start().starts_with("4:") => {
-            debug!(rdma_device = %name, "not RoCE: iWARP (RNIC) device");
+            debug!(rdma_device = %shown(name), "not RoCE: iWARP (RNIC) device");
             return Ok(None);
         }
         Ok(_) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(source) => {
-            return Err(DeviceError::Read {
-                path: node_type_path,
-                source,
-            });
-        }
+        Err(e) if e.io_kind() == Some(io::ErrorKind::NotFound) => {}
+        Err(e) => return Err(e.into()),
     }
     let mut roce_port = None;
     for port in numbered(&ib.join("ports")) {
@@ -310,7 +343,7 @@ fn read_hca(root: &Path, name: &str, selector: &NicSelector) -> Result<Option<Hc
         }
     }
     let Some(port) = roce_port else {
-        debug!(rdma_device = %name, "not RoCE: no Ethernet link layer port");
+        debug!(rdma_device = %shown(name), "not RoCE: no Ethernet link layer port");
         return Ok(None);
     };
     let port_dir = ib.join("ports").join(port.to_string());
@@ -333,7 +366,7 @@ fn read_hca(root: &Path, name: &str, selector: &NicSelector) -> Result<Option<Hc
         netdev: netdev.as_deref(),
     };
     if !selector.matches(&identity) {
-        debug!(rdma_device = %name, id = %hw.id, "not selected");
+        debug!(rdma_device = %shown(name), id = %shown(&hw.id), "not selected");
         return Ok(None);
     }
     let uverbs = find_uverbs(root, &ib.join("device"), name);
@@ -396,9 +429,9 @@ impl HcaHardware {
             .ok()
             .filter(|rel| rel.starts_with("devices/virtual"))
             .ok_or_else(|| {
-                malformed(
+                bad_link(
                     ib,
-                    &dir.to_string_lossy(),
+                    &dir,
                     "a PCI device link, or a virtual device under devices/virtual",
                 )
             })?;
@@ -449,17 +482,16 @@ fn port_netdev(ib: &Path, port_dir: &Path, port: u32) -> Option<String> {
     }
     let ndevs = port_dir.join("gid_attrs/ndevs");
     for i in numbered(&ndevs) {
-        let Ok(text) = fs::read_to_string(ndevs.join(i.to_string())) else {
+        let Some(n) = attr(&ndevs.join(i.to_string())) else {
             continue;
         };
-        let n = text.trim();
-        if !n.is_empty() && (candidates.is_empty() || candidates.iter().any(|c| c == n)) {
-            return Some(n.to_string());
+        if !n.is_empty() && (candidates.is_empty() || candidates.contains(&n)) {
+            return Some(n);
         }
     }
     let by_dev_port = candidates.iter().find(|c| {
-        fs::read_to_string(net.join(c).join("dev_port"))
-            .is_ok_and(|t| t.trim().parse::<u32>().ok() == Some(port.saturating_sub(1)))
+        attr(&net.join(c).join("dev_port"))
+            .is_some_and(|t| t.parse::<u32>().ok() == Some(port.saturating_sub(1)))
     });
     by_dev_port.or(candidates.first()).cloned()
 }
@@ -474,8 +506,7 @@ fn find_uverbs(root: &Path, func: &Path, ibdev: &str) -> Option<String> {
             .into_iter()
             .filter(|n| n.starts_with("uverbs"))
         {
-            let owner = fs::read_to_string(dir.join(&entry).join("ibdev"));
-            if owner.is_ok_and(|o| o.trim() == ibdev) {
+            if attr(&dir.join(&entry).join("ibdev")).is_some_and(|o| o == ibdev) {
                 return Some(entry);
             }
         }
@@ -484,7 +515,7 @@ fn find_uverbs(root: &Path, func: &Path, ibdev: &str) -> Option<String> {
 }
 
 /// Parse a sysfs GID (`0000:...:ffff:0ac8:010a`).
-fn parse_gid(text: &str) -> Option<Ipv6Addr> {
+pub fn parse_gid(text: &str) -> Option<Ipv6Addr> {
     let groups: Vec<u16> = text
         .trim()
         .split(':')
@@ -504,27 +535,21 @@ pub fn roce_v2_ipv4_gid_index(port_dir: &Path, netdev: &str) -> Option<u32> {
     for i in indexes {
         let idx = i.to_string();
         // Unused entries fail to read (EINVAL): not an error, just not this index.
-        let Ok(kind) = fs::read_to_string(types.join(&idx)) else {
-            continue;
-        };
-        if kind.trim() != "RoCE v2" {
+        if attr(&types.join(&idx)).is_none_or(|kind| kind != "RoCE v2") {
             continue;
         }
         let gid_path = port_dir.join("gids").join(&idx);
-        let Ok(gid_text) = fs::read_to_string(&gid_path) else {
+        let Some(gid_text) = attr(&gid_path) else {
             continue;
         };
         let Some(gid) = parse_gid(&gid_text) else {
-            warn!(path = %gid_path.display(), value = %gid_text.trim(), "skipping malformed GID entry");
+            warn!(path = %gid_path.display(), value = %shown(&gid_text), "skipping malformed GID entry");
             continue;
         };
         if gid.to_ipv4_mapped().is_none_or(|v4| v4.is_unspecified()) {
             continue;
         }
-        let Ok(ndev) = fs::read_to_string(port_dir.join("gid_attrs/ndevs").join(&idx)) else {
-            continue;
-        };
-        if ndev.trim() == netdev {
+        if attr(&port_dir.join("gid_attrs/ndevs").join(&idx)).is_some_and(|n| n == netdev) {
             return Some(i);
         }
     }
@@ -564,12 +589,12 @@ fn read_gpu(
         .and_then(|t| t.file_name().map(|n| n == "nvidia"))
         .unwrap_or(false);
     if !bound {
-        warn!(pci_address = %address, "GPU has no driver bound: listed Unhealthy");
+        warn!(pci_address = %shown(address), "GPU has no driver bound: listed Unhealthy");
     }
     let info = proc_root
         .and_then(|p| {
-            fs::read_to_string(
-                p.join("driver/nvidia/gpus")
+            read_attr(
+                &p.join("driver/nvidia/gpus")
                     .join(address)
                     .join("information"),
             )

@@ -12,7 +12,10 @@
 //!   each only once its server answers. An inotify watch on the plugin directory makes it
 //!   re-register everything when `kubelet.sock` is recreated and bring back a server whose socket
 //!   was deleted; a slow liveness check covers lost inotify events. Failures are logged and
-//!   retried with backoff, never fatal once running.
+//!   retried with backoff, never fatal once running, with one exception: a server that fails to
+//!   start [`ServeOptions::start_attempts`] times in a row (its socket cannot be created: a
+//!   read-only or vanished plugin directory) ends `serve` with that cause, so the container is
+//!   restarted and the user sees why.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -34,7 +37,7 @@ use crate::config::Config;
 use crate::fabric_view::FabricView;
 use crate::inventory;
 use crate::kubelet::registration::{self, Backoff};
-use crate::kubelet::server::{BackendError, DeviceBackend, PluginServer};
+use crate::kubelet::server::{BackendError, DeviceBackend, PluginServer, ServerError};
 use crate::kubelet::watcher::{DirEvent, DirWatcher, WatchError};
 use crate::kubelet::{self, pb};
 use crate::model::{Health, Inventory};
@@ -60,6 +63,10 @@ pub struct ServeOptions {
     /// Interval of the fallback check of our sockets and `kubelet.sock` (inotify is the primary
     /// signal; this only catches lost events).
     pub liveness_interval: Duration,
+    /// Consecutive failures to start one resource's server (remove its old socket, create the new
+    /// one, answer on it) after which `serve` exits with the last cause. The attempts are spaced by
+    /// `registration_backoff`: [`DEFAULT_START_ATTEMPTS`] take about 1.5 s with the defaults.
+    pub start_attempts: u32,
     /// Exit (so the kubelet restarts the container) when a resource has not been registered for
     /// this long. A plugin directory deleted and re-created on the host is a new inode that a
     /// running container's bind mount never shows: the kubelet's socket never appears in the old
@@ -140,11 +147,15 @@ impl ServeOptions {
             node_name: None,
             registration_backoff: Backoff::default(),
             liveness_interval: Duration::from_secs(10),
+            start_attempts: DEFAULT_START_ATTEMPTS,
             exit_after_unregistered: Some(DEFAULT_EXIT_AFTER_UNREGISTERED),
             metrics: Arc::default(),
         }
     }
 }
+
+/// How many times in a row a resource's server may fail to start before `serve` exits, by default.
+pub const DEFAULT_START_ATTEMPTS: u32 = 5;
 
 /// How long a resource may stay unregistered before `serve` exits, by default.
 pub const DEFAULT_EXIT_AFTER_UNREGISTERED: Duration = Duration::from_secs(5 * 60);
@@ -161,6 +172,13 @@ pub enum ServeError {
     },
     #[error(transparent)]
     Watch(#[from] WatchError),
+    #[error("cannot serve {resource} after {attempts} attempts: {source}")]
+    Start {
+        resource: String,
+        attempts: u32,
+        #[source]
+        source: ServerError,
+    },
     #[error(
         "{resource} not registered with the kubelet for {waited:?}: {kubelet_socket} never \
          accepted it. If the kubelet runs, the plugin directory was probably replaced on the host \
@@ -527,6 +545,9 @@ impl Managed {
 struct Supervisor {
     kubelet_socket: PathBuf,
     backoff: Backoff,
+    start_attempts: u32,
+    /// Set when a resource used up its start attempts: `run` ends with it.
+    gave_up: Option<ServeError>,
     metrics: Arc<ServeMetrics>,
     resources: Vec<Managed>,
 }
@@ -557,6 +578,15 @@ impl Supervisor {
                 // A socket that cannot be bound (the plugin directory is gone) is unregistered too.
                 m.registering_since.get_or_insert_with(Instant::now);
                 m.failures = m.failures.saturating_add(1);
+                if m.failures >= self.start_attempts {
+                    self.gave_up.get_or_insert(ServeError::Start {
+                        resource: m.name().to_string(),
+                        attempts: m.failures,
+                        source: error,
+                    });
+                    m.retry_at = None;
+                    return;
+                }
                 let delay = self.backoff.delay(m.failures);
                 tracing::error!(resource = %m.name(), %error, retry_in = ?delay,
                     "failed to start device plugin server");
@@ -735,6 +765,8 @@ pub async fn run(
     let mut supervisor = Supervisor {
         kubelet_socket: kubelet_socket.clone(),
         backoff: options.registration_backoff,
+        start_attempts: options.start_attempts,
+        gave_up: None,
         metrics: Arc::clone(&options.metrics),
         resources: publisher
             .lists
@@ -769,6 +801,10 @@ pub async fn run(
     liveness.reset();
     tokio::pin!(shutdown);
     loop {
+        if let Some(error) = supervisor.gave_up.take() {
+            exit = Some(error);
+            break;
+        }
         let retry_at = supervisor.next_retry();
         tokio::select! {
             event = next_event(&mut watcher) => {

@@ -61,7 +61,7 @@ fn is_host_bridge(s: &str) -> bool {
 }
 
 /// `dddd:bb:dd.f`
-pub(crate) fn is_bdf(s: &str) -> bool {
+pub fn is_bdf(s: &str) -> bool {
     let b = s.as_bytes();
     b.len() == 12
         && b[4] == b':'

@@ -187,3 +187,58 @@ fn load_errors_name_the_file() {
     assert!(e.to_string().contains("hca.sharedReplicas = 0"), "{e}");
     assert_eq!(e.metric_label(), "invalid");
 }
+
+#[test]
+fn a_key_given_twice_is_refused_naming_key_and_line() {
+    match Config::from_yaml("pollInterval: 1s\nhca:\n  sharedReplicas: 2\nhca: {}\n") {
+        Err(e @ ConfigError::Parse { .. }) => assert_eq!(
+            e.to_string(),
+            "failed to parse config: invalid YAML: document 1: duplicate key \"hca\" at line 4"
+        ),
+        other => panic!("expected a Parse error, got {other:?}"),
+    }
+    let e = err("hca:\n  sharedReplicas: 2\n  sharedReplicas: 3\n");
+    assert!(
+        e.contains("duplicate key \"sharedReplicas\" at line 3"),
+        "{e}"
+    );
+}
+
+#[test]
+fn type_errors_name_the_field_path() {
+    assert_eq!(
+        err("hca:\n  sharedReplicas: many\n"),
+        "failed to parse config: hca.sharedReplicas: invalid type: string \"many\", expected u32"
+    );
+    let e = err("hca:\n  selector:\n    vendors: [[\"15b3\"]]\n");
+    assert!(e.contains("hca.selector.vendors[0]: invalid type"), "{e}");
+    // A file of comments only is an empty document: the defaults.
+    assert_eq!(
+        Config::from_yaml("# nothing set\n").unwrap(),
+        Config::default()
+    );
+}
+
+#[test]
+fn a_config_file_over_1_mib_is_refused_unread() {
+    let dir = tempfile::tempdir().unwrap();
+    let big = dir.path().join("big.yaml");
+    // Sparse: 2 MiB of NULs without writing them.
+    std::fs::File::create(&big)
+        .unwrap()
+        .set_len(2 << 20)
+        .unwrap();
+    let e = Config::load(&big).unwrap_err();
+    assert!(matches!(e, ConfigError::Read { .. }), "{e:?}");
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "cannot load config: {} is larger than the 1 MiB limit",
+            big.display()
+        )
+    );
+    // The path is named once, by the read error.
+    let missing = dir.path().join("missing.yaml");
+    let text = rocefabric_api::errors::one_line(&Config::load(&missing).unwrap_err());
+    assert_eq!(text.matches("missing.yaml").count(), 1, "{text}");
+}

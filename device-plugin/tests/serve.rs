@@ -739,3 +739,33 @@ async fn exits_when_the_plugin_directory_is_gone() {
         "{err}"
     );
 }
+
+/// A resource whose socket cannot be created (here a directory sits where it goes) is not retried
+/// forever: after `start_attempts` in a row `run` ends with the cause, naming the path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gives_up_naming_the_cause_when_a_socket_cannot_be_created() {
+    use rocefabric_device_plugin::kubelet::registration::Backoff;
+    use rocefabric_device_plugin::serve::ServeError;
+    let node = Node::dgx();
+    let blocker = node.plugin_dir.join("rocefabric-rdma_hca.sock");
+    std::fs::create_dir_all(blocker.join("not-ours")).expect("a directory where the socket goes");
+    let mut options = node.options(fast_config());
+    options.start_attempts = 2;
+    options.registration_backoff = Backoff {
+        initial: Duration::from_millis(1),
+        max: Duration::from_millis(1),
+    };
+    let err = Daemon::start(options)
+        .stop_when_done()
+        .await
+        .expect_err("gives up");
+    assert!(matches!(err, ServeError::Start { .. }), "{err:?}");
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "cannot serve rdma/hca after 2 attempts: cannot remove old socket {}: Is a directory (os error 21)",
+            blocker.display()
+        )
+    );
+    assert!(blocker.join("not-ours").is_dir(), "left as it was");
+}

@@ -30,6 +30,41 @@ fn serve_command(sysfs: &Path, plugin_dir: &Path, extra: &[&str]) -> Command {
     cmd
 }
 
+/// Only reached when `serve` does not exit by itself (before the fix it retried forever): the
+/// failing test then ends instead of hanging CI. No test passes or fails on timing.
+const HANG: Duration = Duration::from_secs(60);
+
+/// Run `cmd` to its end, its output in files (no pipe to fill); killed after [`HANG`].
+fn output_within_hang(mut cmd: Command) -> (Option<i32>, String) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let err = dir.path().join("stderr");
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&err).expect("stderr file"))
+        .spawn()
+        .expect("run binary");
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if started.elapsed() > HANG {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "serve still running after {HANG:?}: {}",
+                std::fs::read_to_string(&err).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (
+        status.code(),
+        std::fs::read_to_string(&err).expect("stderr"),
+    )
+}
+
 fn run_with_config(yaml: &str) -> Output {
     let dir = fixtures::tempdir().expect("temp dir");
     let config = dir.path().join("config.yaml");
@@ -228,4 +263,86 @@ async fn the_binary_registers_serves_and_cleans_up_on_sigterm() {
         plugin_dir.join("kubelet.sock").exists(),
         "the kubelet's socket is not ours to remove"
     );
+}
+
+/// A plugin directory where no socket can be created ends `serve` after `--start-attempts`, with
+/// the cause as its last word: here a path too long for a unix socket, which no privilege gets
+/// around.
+#[test]
+fn an_unusable_plugin_directory_ends_serve_with_the_cause() {
+    let dir = fixtures::tempdir().expect("temp dir");
+    let sysfs = dir.path().join("sys");
+    FixtureNode::dgx_h100().write_to(&sysfs).expect("fixture");
+    let plugin_dir = dir.path().join("p".repeat(120));
+    let (code, stderr) = output_within_hang(serve_command(
+        &sysfs,
+        &plugin_dir,
+        &["--start-attempts", "2"],
+    ));
+    assert_eq!(code, Some(1), "{stderr}");
+    assert_eq!(
+        stderr.lines().last(),
+        Some(
+            format!(
+                "rocefabric-device-plugin: error: cannot serve rdma/hca after 2 attempts: cannot \
+                 create socket {}: path must be shorter than SUN_LEN",
+                plugin_dir.join("rocefabric-rdma_hca.sock").display()
+            )
+            .as_str()
+        )
+    );
+    assert!(!stderr.contains("remove old socket"), "{stderr}");
+}
+
+/// The reported case: a read-only plugin directory. `unlink` of a socket that is not there fails
+/// with EROFS there, which `serve` used to report as "failed to remove old socket" while retrying
+/// forever. Making a read-only mount needs a mount namespace (`unshare -m`: root or unprivileged
+/// user namespaces); the test says it is skipped otherwise.
+#[test]
+fn a_read_only_plugin_directory_names_the_real_cause() {
+    if !Command::new("unshare")
+        .args(["-m", "true"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+    {
+        eprintln!("a_read_only_plugin_directory_names_the_real_cause: skipped (no `unshare -m`)");
+        return;
+    }
+    let dir = fixtures::tempdir().expect("temp dir");
+    let sysfs = dir.path().join("sys");
+    FixtureNode::dgx_h100().write_to(&sysfs).expect("fixture");
+    let plugin_dir = dir.path().join("plugins");
+    std::fs::create_dir(&plugin_dir).expect("plugin dir");
+    let serve = serve_command(&sysfs, &plugin_dir, &["--start-attempts", "2"]);
+    // Mounted in a private mount namespace: gone with the process.
+    let mut cmd = Command::new("unshare");
+    cmd.args([
+        "-m",
+        "sh",
+        "-c",
+        r#"mount -t tmpfs -o ro none "$0" && exec "$@""#,
+    ])
+    .arg(&plugin_dir)
+    .arg(serve.get_program())
+    .args(serve.get_args())
+    .env_remove("NODE_NAME")
+    .env_remove("KUBECONFIG")
+    .env_remove("KUBERNETES_SERVICE_HOST")
+    .env_remove("KUBERNETES_SERVICE_PORT")
+    .env("RUST_LOG", "info");
+    let (code, stderr) = output_within_hang(cmd);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert_eq!(
+        stderr.lines().last(),
+        Some(
+            format!(
+                "rocefabric-device-plugin: error: cannot serve rdma/hca after 2 attempts: cannot \
+                 create socket {}: Read-only file system (os error 30)",
+                plugin_dir.join("rocefabric-rdma_hca.sock").display()
+            )
+            .as_str()
+        )
+    );
+    assert!(!stderr.contains("remove old socket"), "{stderr}");
 }

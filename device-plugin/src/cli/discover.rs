@@ -31,7 +31,7 @@ pub struct Args {
     /// Root of the sysfs tree to read.
     #[arg(long, value_name = "DIR", default_value = "/sys")]
     pub sysfs_root: PathBuf,
-    /// Device plugin config file; its `hca.selector` narrows the HCAs shown.
+    /// Device plugin config file (at most 1 MiB); its `hca.selector` narrows the HCAs shown.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Output format.
@@ -71,7 +71,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             })?;
             inventory::discover(dir.path(), &config.hca.selector)?
         }
-        None => inventory::discover(&args.sysfs_root, &config.hca.selector)?,
+        None => {
+            let inv = inventory::discover(&args.sysfs_root, &config.hca.selector)?;
+            // After discover: a missing root is reported as such first.
+            inventory::check_rdma_class(&args.sysfs_root)?;
+            inv
+        }
     };
     let text = match args.output {
         Output::Json => {

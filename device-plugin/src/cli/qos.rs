@@ -5,11 +5,13 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use anyhow::{Context, anyhow, bail};
-use kube::CustomResourceExt;
-use rocefabric_api::{InterfaceStatus, Knob, RoceFabric};
+use rocefabric_api::{InterfaceStatus, Knob};
+use rocefabric_input::read::read_file;
+use rocefabric_input::yaml;
 use serde::Serialize;
 use serde_json::{Value, json};
 
+use crate::config::CONFIG_FILE_LIMIT;
 use crate::qos::Reading;
 use crate::qos::apply::{self, Netlink};
 use crate::qos::dcbnl::{APP_SEL_DSCP, DcbApp, dcbx};
@@ -93,7 +95,8 @@ pub struct ApplyArgs {
     /// Network interface.
     #[arg(long, value_name = "IF")]
     pub netdev: String,
-    /// YAML file with a QoS block, as in RoceFabric.spec.qos (defaults fill what is left out).
+    /// YAML file with a QoS block, as in RoceFabric.spec.qos (defaults fill what is left out);
+    /// at most 1 MiB.
     #[arg(long, value_name = "FILE")]
     pub config: PathBuf,
     /// Print the changes that would be made, and touch nothing. Exits 0 only when nothing would change.
@@ -150,59 +153,17 @@ fn open(netdev: &str) -> anyhow::Result<Netlink> {
     Ok(netlink)
 }
 
-/// Parse and validate a `--config` QoS block: unknown fields are refused (the API server would
-/// prune them silently, which for a hand-written file hides typos), then the fabric's own rules.
+/// Parse and validate a `--config` QoS block: at most [`CONFIG_FILE_LIMIT`] bytes, strict YAML
+/// (a key given twice is refused, not the last one kept), unknown fields refused (the API server
+/// would prune them silently, which for a hand-written file hides typos), then the fabric's own
+/// rules.
 pub fn load_qos(path: &std::path::Path) -> anyhow::Result<rocefabric_api::QosSpec> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("failed to read {}", path.display()))?;
-    let value: Value = yaml_serde::from_str(&text)
-        .with_context(|| format!("{} is not valid YAML", path.display()))?;
+    // The read error names the file itself.
+    let text = read_file(path, CONFIG_FILE_LIMIT)?;
+    let value: Value = yaml::from_str(&text).map_err(|e| anyhow!("{}: {e}", path.display()))?;
     let value = if value.is_null() { json!({}) } else { value };
-    let crd = RoceFabric::crd();
-    let schema = crd.spec.versions[0]
-        .schema
-        .as_ref()
-        .and_then(|s| s.open_api_v3_schema.as_ref())
-        .and_then(|s| serde_json::to_value(s).ok())
-        .and_then(|s| s.pointer("/properties/spec/properties/qos").cloned())
-        .ok_or_else(|| anyhow!("the RoceFabric CRD has no spec.qos schema"))?;
-    let unknown = unknown_fields(&value, &schema, "");
-    if !unknown.is_empty() {
-        bail!(
-            "invalid QoS block in {}: unknown field(s) {} (expected the fields of RoceFabric.spec.qos: {})",
-            path.display(),
-            unknown.join(", "),
-            schema
-                .get("properties")
-                .and_then(Value::as_object)
-                .map(|p| p.keys().cloned().collect::<Vec<_>>().join(", "))
-                .unwrap_or_default()
-        );
-    }
+    // Unknown fields, set lists and ranges: the fabric's own checks, as the API server makes them.
     rocefabric_api::validate::qos_value(&value).map_err(|e| anyhow!("{}: {e}", path.display()))
-}
-
-/// Paths in `value` that `schema` (OpenAPI, with `properties`) does not know.
-fn unknown_fields(value: &Value, schema: &Value, prefix: &str) -> Vec<String> {
-    let (Some(obj), Some(props)) = (
-        value.as_object(),
-        schema.get("properties").and_then(Value::as_object),
-    ) else {
-        return Vec::new();
-    };
-    let mut out = Vec::new();
-    for (k, v) in obj {
-        let path = if prefix.is_empty() {
-            k.clone()
-        } else {
-            format!("{prefix}.{k}")
-        };
-        match props.get(k) {
-            None => out.push(path),
-            Some(sub) => out.extend(unknown_fields(v, sub, &path)),
-        }
-    }
-    out
 }
 
 fn knob_name(knob: Knob) -> String {
@@ -649,10 +610,39 @@ mod tests {
         let e = load_qos(write("qos:\n  mtu: 9000\n").path())
             .unwrap_err()
             .to_string();
-        assert!(e.contains("unknown field(s) qos"), "{e}");
+        assert!(e.contains("qos: unknown field \"qos\""), "{e}");
         let e = load_qos(write("cnp:\n  dscpp: 40\n").path())
             .unwrap_err()
             .to_string();
         assert!(e.contains("cnp.dscpp"), "{e}");
+        let e = load_qos(write("pfcPriorities: [3, 3]\n").path())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("pfcPriorities[1]: Duplicate value: 3"), "{e}");
+    }
+
+    #[test]
+    fn a_key_given_twice_is_refused_not_the_last_one_kept() {
+        let f = write("roceDscp: 26\nroceDscp: 30\n");
+        let e = load_qos(f.path()).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            format!(
+                "{}: invalid YAML: document 1: duplicate key \"roceDscp\" at line 2",
+                f.path().display()
+            )
+        );
+    }
+
+    #[test]
+    fn a_file_over_the_limit_is_refused_unread() {
+        let f = write("");
+        // Sparse: one byte over 1 MiB without writing it.
+        f.as_file().set_len(CONFIG_FILE_LIMIT + 1).unwrap();
+        let e = load_qos(f.path()).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            format!("{} is larger than the 1 MiB limit", f.path().display())
+        );
     }
 }

@@ -17,7 +17,7 @@ use crate::serve::{self, ServeOptions};
 /// Serve `rdma/hca`, the GPUs and `rdma/gpu-hca` to the kubelet (one socket per resource).
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
-    /// YAML config file; every field has a default.
+    /// YAML config file (at most 1 MiB); every field has a default.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Root of the sysfs tree to discover devices from.
@@ -48,6 +48,12 @@ pub struct ServeArgs {
     /// through a fresh mount.
     #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = crate::config::duration_text::parse)]
     pub exit_after_unregistered: Duration,
+    /// Exit, naming the cause, when a resource's socket cannot be created this many times in a row
+    /// (a read-only or unusable plugin directory); the attempts back off from 100 ms, so the
+    /// default gives up after about 1.5 s.
+    #[arg(long, value_name = "N", default_value_t = serve::DEFAULT_START_ATTEMPTS,
+        value_parser = clap::value_parser!(u32).range(1..))]
+    pub start_attempts: u32,
     /// Serve `/metrics` (OpenMetrics) and `/healthz` on this address; off when not given.
     #[arg(long, value_name = "ADDR", visible_alias = "metrics-bind-address")]
     pub metrics_addr: Option<SocketAddr>,
@@ -72,6 +78,7 @@ impl ServeArgs {
         options.node_name = self.node_name.clone();
         options.host_dev_root = self.host_dev_root.clone();
         options.proc_root = Some(self.proc_root.clone());
+        options.start_attempts = self.start_attempts;
         options.exit_after_unregistered =
             (!self.exit_after_unregistered.is_zero()).then_some(self.exit_after_unregistered);
         Ok(options)

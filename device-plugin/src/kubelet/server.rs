@@ -197,12 +197,12 @@ impl<B: DeviceBackend> DevicePlugin for PluginService<B> {
 /// Failure to bring a resource's server up.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
-    #[error("failed to remove old socket {path}: {source}")]
+    #[error("cannot remove old socket {path}: {source}")]
     RemoveSocket {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("failed to listen on {path}: {source}")]
+    #[error("cannot create socket {path}: {source}")]
     Bind {
         path: PathBuf,
         source: std::io::Error,
@@ -329,8 +329,13 @@ impl PluginServer {
     }
 }
 
-/// Remove a file if it exists.
+/// Remove a file if it exists. Look first: on a read-only file system `unlink` fails (EROFS) even
+/// when there is nothing to remove, which would hide the real problem; when nothing can be seen
+/// there, creating the socket reports it.
 fn remove_socket_file(path: &Path) -> std::io::Result<()> {
+    if std::fs::symlink_metadata(path).is_err() {
+        return Ok(());
+    }
     match std::fs::remove_file(path) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
         _ => Ok(()),

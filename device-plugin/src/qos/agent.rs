@@ -36,6 +36,7 @@ use prometheus_client::registry::Registry;
 use rocefabric_api::conditions::{self, Desired as DesiredCondition};
 use rocefabric_api::constants::{AGENT_FIELD_MANAGER, API_VERSION, condition, reason};
 use rocefabric_api::{InterfaceStatus, Knob, KnobOutcome, KnobStatus, RoceNode, RoceNodeStatus};
+use rocefabric_input::shown;
 use tokio::time::Instant;
 use tracing::{debug, info, instrument, warn};
 
@@ -85,6 +86,10 @@ pub trait NodeKernel: Send + Sync + 'static {
     }
 }
 
+/// Most bytes read from `/proc/net/route` or `/proc/net/ipv6_route`: a table, not an attribute
+/// (about 128 bytes a route, so 16 KiB would cut a busy node's), but still bounded.
+pub const ROUTE_TABLE_LIMIT: u64 = 64 << 20;
+
 /// [`NodeKernel`] over fresh netlink sockets for each interface.
 #[derive(Debug, Default)]
 pub struct NetlinkKernel;
@@ -98,7 +103,13 @@ impl NodeKernel for NetlinkKernel {
     /// From `/proc/net`, which shows the reader's network namespace (the host's: the agent runs
     /// with `hostNetwork`).
     fn default_route_netdevs(&self) -> BTreeSet<String> {
-        let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+        let read = |p: &str| {
+            rocefabric_input::read::read_file(std::path::Path::new(p), ROUTE_TABLE_LIMIT)
+                .unwrap_or_else(|error| {
+                    warn!(%error, "cannot read the routing table; no interface is known to carry the default route");
+                    String::new()
+                })
+        };
         default_route::default_route_netdevs(
             &read("/proc/net/route"),
             &read("/proc/net/ipv6_route"),
@@ -214,13 +225,13 @@ pub fn select_interfaces(
         .into_iter()
         .filter_map(|h| {
             let Some(netdev) = h.netdev.clone() else {
-                warn!(rdma_device = %h.name, "selected HCA has no netdev; no QoS to apply");
+                warn!(rdma_device = %shown(&h.name), "selected HCA has no netdev; no QoS to apply");
                 return None;
             };
             let named =
                 default_route::named_explicitly(selector, &netdev, &h.name, h.pci_address.as_deref());
             if default_route.contains(&netdev) && !named {
-                warn!(%netdev, rdma_device = %h.name,
+                warn!(netdev = %shown(&netdev), rdma_device = %shown(&h.name),
                     "not touching the node's default-route interface; name it in nicSelector to configure it");
                 return None;
             }

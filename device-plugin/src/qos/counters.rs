@@ -30,7 +30,6 @@
 //! A counter the device does not expose is left out (no zero is invented).
 
 use std::fmt;
-use std::fs;
 use std::sync::{Arc, RwLock};
 
 use prometheus_client::collector::Collector;
@@ -296,7 +295,7 @@ pub fn sample(
         .filter_map(|(candidates, metric, help)| {
             let value = candidates.iter().find_map(|file| {
                 let path = files.rdma_port_path(file)?;
-                fs::read_to_string(&path).ok()?.trim().parse::<u64>().ok()
+                rocefabric_input::read::attr(&path)?.parse::<u64>().ok()
             })?;
             Some((*metric, *help, value))
         })
@@ -466,6 +465,7 @@ mod tests {
     use crate::qos::apply::tests::FakeDcb;
     use crate::qos::driver_files::{RdmaPort, Roots};
     use prometheus_client::registry::Registry;
+    use std::fs;
 
     fn files(root: &std::path::Path, netdev: &str, ibdev: &str) -> NetdevFiles {
         let roots = Roots {
@@ -763,6 +763,37 @@ mod tests {
         }
         // rxe has no CNP or ECN counters: none invented.
         assert!(!text.contains("rocefabric_cnp"), "{text}");
+    }
+
+    /// A scrape reads every counter file: a FIFO or a huge value leaves that counter out (as a
+    /// missing one is) instead of blocking `/metrics` or `qos counters`.
+    #[test]
+    fn a_fifo_or_huge_counter_file_is_left_out_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let hw = dir
+            .path()
+            .join("class/infiniband/mlx5_0/ports/1/hw_counters");
+        fs::create_dir_all(&hw).unwrap();
+        crate::fixtures::replace_with_fifo(&hw.join("np_cnp_sent")).unwrap();
+        fs::write(hw.join("rp_cnp_handled"), "5".repeat(1 << 20)).unwrap();
+        fs::write(hw.join("np_ecn_marked_roce_packets"), "9\n").unwrap();
+        let targets = Arc::new(RwLock::new(vec![files(dir.path(), "enp24s0np0", "mlx5_0")]));
+        let text = scrape(
+            FabricCounters::new(targets, Box::new(|| None))
+                .with_driver_stats(Box::new(no_driver_stats)),
+        );
+        assert!(
+            text.contains(
+                r#"rocefabric_ecn_marked_packets_total{interface="enp24s0np0",rdma_device="mlx5_0"} 9"#
+            ),
+            "the readable counter is exported: {text}"
+        );
+        for left_out in [
+            "rocefabric_cnp_sent_total{",
+            "rocefabric_cnp_handled_total{",
+        ] {
+            assert!(!text.contains(left_out), "{left_out} in {text}");
+        }
     }
 
     #[test]

@@ -8,7 +8,9 @@
 //!
 //! Reads return a [`Reading`]: the value and the mechanism it came from, "unsupported" when no
 //! flavour's file exists, or the error. Writes never create files: a driver attribute that is
-//! not there cannot be set by creating it.
+//! not there cannot be set by creating it. Reads go through [`read_attr`] (and writes open
+//! non-blocking), so a FIFO in place of an attribute cannot stall `qos show` or the agent; values
+//! quoted in errors are [`shown`].
 
 use std::fs;
 use std::io::{self, Write};
@@ -17,6 +19,8 @@ use std::path::{Path, PathBuf};
 use rocefabric_api::Mechanism;
 use rocefabric_api::Trust;
 use rocefabric_api::nic_selector::normalize_pci_address;
+use rocefabric_input::read::{attr, read_attr};
+use rocefabric_input::shown;
 
 use super::Reading;
 
@@ -166,12 +170,16 @@ impl NetdevFiles {
         if !path.exists() {
             return None;
         }
-        Some(match read_text(&path) {
+        Some(match read_attr(&path) {
             Ok(text) => match parse_trust(&text) {
                 Some(t) => Reading::value(Mechanism::Sysfs, t),
                 None => Reading::failed(
                     Mechanism::Sysfs,
-                    format!("{}: unrecognised trust {text:?}", path.display()),
+                    format!(
+                        "{}: unrecognised trust \"{}\"",
+                        path.display(),
+                        shown(&text)
+                    ),
                 ),
             },
             Err(e) => Reading::failed(Mechanism::Sysfs, e.to_string()),
@@ -195,13 +203,13 @@ impl NetdevFiles {
         let mut enabled = Vec::new();
         for prio in 0u8..8 {
             let path = dir.join(prio.to_string());
-            match read_text(&path).map(|t| (parse_number(&t), t)) {
+            match read_attr(&path).map(|t| (parse_number(&t), t)) {
                 Ok((Some(0), _)) => {}
                 Ok((Some(_), _)) => enabled.push(prio),
                 Ok((None, t)) => {
                     return Reading::failed(
                         Mechanism::Sysfs,
-                        format!("{}: not a number: {t:?}", path.display()),
+                        format!("{}: not a number: \"{}\"", path.display(), shown(&t)),
                     );
                 }
                 Err(e) => return Reading::failed(Mechanism::Sysfs, e.to_string()),
@@ -253,11 +261,15 @@ impl NetdevFiles {
     pub fn read_number(file: Result<(Mechanism, PathBuf), String>) -> Reading<u8> {
         match file {
             Err(reason) => Reading::unsupported(reason),
-            Ok((mech, path)) => match read_text(&path) {
+            Ok((mech, path)) => match read_attr(&path) {
                 Ok(text) => match parse_number(&text).and_then(|n| u8::try_from(n).ok()) {
                     Some(v) => Reading::value(mech, v),
                     None => {
-                        Reading::failed(mech, format!("{}: not a number: {text:?}", path.display()))
+                        let text = shown(&text);
+                        Reading::failed(
+                            mech,
+                            format!("{}: not a number: \"{text}\"", path.display()),
+                        )
                     }
                 },
                 Err(e) => Reading::failed(mech, e.to_string()),
@@ -317,12 +329,12 @@ impl NetdevFiles {
         if !dir.is_dir() {
             return Reading::value(Mechanism::Configfs, None);
         }
-        match read_text(&path) {
+        match read_attr(&path) {
             Ok(text) => match parse(&text) {
                 Some(v) => Reading::value(Mechanism::Configfs, Some(v)),
                 None => Reading::failed(
                     Mechanism::Configfs,
-                    format!("{}: unparsable {text:?}", path.display()),
+                    format!("{}: unparsable \"{}\"", path.display(), shown(&text)),
                 ),
             },
             Err(e) => Reading::failed(Mechanism::Configfs, e.to_string()),
@@ -391,17 +403,17 @@ fn find_virtual_rdma_port(sysfs: &Path, netdev: &str) -> Option<RdmaPort> {
         .filter(|d| !class.join(d).join("device").exists())
         .collect();
     devices.sort();
-    let by_parent = devices.iter().find(|d| {
-        fs::read_to_string(class.join(d).join("parent")).is_ok_and(|p| p.trim() == netdev)
-    });
+    let by_parent = devices
+        .iter()
+        .find(|d| attr(&class.join(d).join("parent")).is_some_and(|p| p == netdev));
     let by_gid = || {
         devices.iter().find(|d| {
             fs::read_dir(class.join(d).join("ports/1/gid_attrs/ndevs"))
                 .into_iter()
                 .flatten()
                 .filter_map(Result::ok)
-                .filter_map(|e| fs::read_to_string(e.path()).ok())
-                .any(|n| n.trim() == netdev)
+                .filter_map(|e| attr(&e.path()))
+                .any(|n| n == netdev)
         })
     };
     by_parent.or_else(by_gid).map(|device| RdmaPort {
@@ -435,10 +447,7 @@ fn find_rdma_port(infiniband_dir: &Path, netdev: &str) -> Option<RdmaPort> {
                 .flatten()
                 .filter_map(Result::ok);
             // Unused GID indexes fail to read (EINVAL): skip them.
-            if names
-                .filter_map(|e| fs::read_to_string(e.path()).ok())
-                .any(|n| n.trim() == netdev)
-            {
+            if names.filter_map(|e| attr(&e.path())).any(|n| n == netdev) {
                 return Some(RdmaPort {
                     device: device.clone(),
                     port: *port,
@@ -455,24 +464,19 @@ fn find_rdma_port(infiniband_dir: &Path, netdev: &str) -> Option<RdmaPort> {
     }
 }
 
-fn read_text(path: &Path) -> Result<String, FileError> {
-    fs::read_to_string(path).map_err(|source| FileError {
-        op: "read",
-        path: path.to_path_buf(),
-        source,
-    })
-}
-
 /// Write a sysfs/configfs attribute as `echo VALUE > FILE` does (with a newline), never creating it.
 pub fn write_attr(path: &Path, value: &str) -> Result<(), FileError> {
+    use std::os::unix::fs::OpenOptionsExt;
     let err = |source| FileError {
         op: "write",
         path: path.to_path_buf(),
         source,
     };
+    // Non-blocking: a FIFO without a reader fails (ENXIO) instead of blocking the open forever.
     let mut f = fs::OpenOptions::new()
         .write(true)
         .truncate(true)
+        .custom_flags(libc::O_NONBLOCK)
         .open(path)
         .map_err(err)?;
     f.write_all(format!("{value}\n").as_bytes()).map_err(err)
@@ -482,9 +486,13 @@ pub fn write_attr(path: &Path, value: &str) -> Result<(), FileError> {
 pub fn parse_number(text: &str) -> Option<u32> {
     let t = text.trim();
     let end = t.rfind(|c: char| c.is_ascii_digit())? + 1;
-    let start = t[..end]
-        .rfind(|c: char| !c.is_ascii_digit())
-        .map_or(0, |i| i + 1);
+    // Counted in bytes: the character before the digits may be several bytes long.
+    let start = end
+        - t[..end]
+            .bytes()
+            .rev()
+            .take_while(u8::is_ascii_digit)
+            .count();
     t[start..end].parse().ok()
 }
 
@@ -532,12 +540,71 @@ mod tests {
         assert_eq!(files.rdma.map(|r| r.device).as_deref(), Some("mlx5_0"));
     }
 
+    /// `qos show` and the agent read these files on every pass: a FIFO, a huge value or a long
+    /// malformed one fails that knob, naming the file, and never blocks or floods the report.
+    #[test]
+    fn fifos_and_huge_values_fail_their_knob_without_blocking() {
+        use crate::fixtures::replace_with_fifo;
+        use crate::qos::fixture_tests::{Flavour, tree};
+        let t = tree(Flavour::OutOfTree, true);
+        let net = t.roots.sysfs.join("class/net/enp24s0np0");
+        let gid0 = t
+            .roots
+            .sysfs
+            .join("class/infiniband/mlx5_0/ports/1/gid_attrs/ndevs/0");
+        replace_with_fifo(&gid0).unwrap();
+        let files = NetdevFiles::resolve(&t.roots, "enp24s0np0");
+        assert_eq!(
+            files.rdma.as_ref().map(|r| r.device.as_str()),
+            Some("mlx5_0")
+        );
+
+        let trust = net.join("qos/trust");
+        let ecn3 = net.join("ecn/roce_np/enable/3");
+        replace_with_fifo(&trust).unwrap();
+        replace_with_fifo(&ecn3).unwrap();
+        fs::write(net.join("ecn/roce_np/cnp_dscp"), "4".repeat(1 << 20)).unwrap();
+        fs::write(net.join("ecn/roce_np/cnp_802p_prio"), "x".repeat(10_000)).unwrap();
+        fn failed<T: std::fmt::Debug>(r: Reading<T>) -> String {
+            match r {
+                Reading::Failed { error, .. } => error,
+                other => panic!("expected a failed read, got {other:?}"),
+            }
+        }
+        let fifo = |p: &Path| format!("{} is a FIFO, not a regular file", p.display());
+        assert_eq!(failed(files.read_trust().unwrap()), fifo(&trust));
+        assert_eq!(failed(files.read_ecn(EcnPoint::Notification)), fifo(&ecn3));
+        assert_eq!(
+            failed(files.read_cnp_dscp()),
+            format!(
+                "{} is larger than the 16 KiB limit",
+                net.join("ecn/roce_np/cnp_dscp").display()
+            )
+        );
+        assert_eq!(
+            failed(files.read_cnp_priority()),
+            format!(
+                "{}: not a number: \"{}…(10000 bytes)\"",
+                net.join("ecn/roce_np/cnp_802p_prio").display(),
+                "x".repeat(64)
+            )
+        );
+        // Writing opens non-blocking: a FIFO without a reader fails instead of hanging.
+        let e = files.write_trust(Trust::Dscp).unwrap_err().to_string();
+        assert!(
+            e.starts_with(&format!("failed to write {}: ", trust.display())),
+            "{e}"
+        );
+    }
+
     #[test]
     fn numbers_are_found_at_the_end() {
         assert_eq!(parse_number("106\n"), Some(106));
         assert_eq!(parse_number("Global tclass=106"), Some(106));
         assert_eq!(parse_number("0"), Some(0));
         assert_eq!(parse_number("none"), None);
+        // Found by fuzz/ (sysfs_values): a multi-byte character right before the digits.
+        assert_eq!(parse_number("tclass=\u{e9}106"), Some(106));
     }
 
     #[test]

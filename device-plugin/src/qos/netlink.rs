@@ -150,7 +150,9 @@ impl<'a> Message<'a> {
         }
         let code = read_i32(self.payload, 0)
             .ok_or_else(|| Malformed("NLMSG_ERROR shorter than its error code".into()))?;
-        Ok(Some(-code))
+        code.checked_neg()
+            .map(Some)
+            .ok_or_else(|| Malformed(format!("NLMSG_ERROR code {code} is no errno")))
     }
 }
 
@@ -500,6 +502,11 @@ mod tests {
         let msg = MessageBuilder::new(1, 0, 0).attr(1, &[1, 2, 3, 4]).finish();
         assert!(parse_messages(&msg[..msg.len() - 2]).is_err());
         assert!(parse_attrs(&[8, 0, 1, 0, 0]).is_err());
+        // Found by fuzz/ (dcbnl, rtnl): an error code that has no positive errno.
+        let min = MessageBuilder::new(NLMSG_ERROR, 0, 1)
+            .header(&i32::MIN.to_ne_bytes())
+            .finish();
+        assert!(parse_messages(&min).unwrap()[0].error_code().is_err());
     }
 
     #[test]
