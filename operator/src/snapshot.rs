@@ -579,6 +579,20 @@ struct Top<'a> {
     meter: Option<&'a Meter>,
 }
 
+impl Top<'_> {
+    /// The same sink, borrowed for a nested value.
+    fn reborrow(&mut self) -> Top<'_> {
+        Top {
+            snapshot: &mut *self.snapshot,
+            path: self.path,
+            place: self.place,
+            accept: self.accept,
+            failure: &mut *self.failure,
+            meter: self.meter,
+        }
+    }
+}
+
 impl<'de> DeserializeSeed<'de> for Top<'_> {
     type Value = ();
     fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
@@ -604,18 +618,10 @@ impl<'de> Visitor<'de> for Top<'_> {
 
     /// A bare JSON array of objects, read like a List's items.
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<(), A::Error> {
-        Items {
-            snapshot: self.snapshot,
-            path: self.path,
-            place: self.place,
-            accept: self.accept,
-            failure: self.failure,
-            meter: self.meter,
-        }
-        .visit_seq(seq)
+        Items(self).visit_seq(seq)
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+    fn visit_map<A: MapAccess<'de>>(mut self, mut map: A) -> Result<(), A::Error> {
         if let Some(m) = self.meter {
             m.start_object();
         }
@@ -629,14 +635,7 @@ impl<'de> Visitor<'de> for Top<'_> {
                 )));
             }
             if key == "items" {
-                items = Some(map.next_value_seed(Items {
-                    snapshot: &mut *self.snapshot,
-                    path: self.path,
-                    place: self.place,
-                    accept: self.accept,
-                    failure: &mut *self.failure,
-                    meter: self.meter,
-                })?);
+                items = Some(map.next_value_seed(Items(self.reborrow()))?);
                 // The fields after the items count as one more object.
                 if let Some(m) = self.meter {
                     m.start_object();
@@ -667,15 +666,9 @@ impl<'de> Visitor<'de> for Top<'_> {
     }
 }
 
-/// A List's `items`, each added as soon as it is parsed.
-struct Items<'a> {
-    snapshot: &'a mut Snapshot,
-    path: &'a Path,
-    place: &'a str,
-    accept: &'a [Kind],
-    failure: &'a mut Option<SnapshotError>,
-    meter: Option<&'a Meter>,
-}
+/// A List's `items`, each added as soon as it is parsed (into the same snapshot, at the same
+/// place, as its List).
+struct Items<'a>(Top<'a>);
 
 impl<'de> DeserializeSeed<'de> for Items<'_> {
     type Value = ();
@@ -694,19 +687,23 @@ impl<'de> Visitor<'de> for Items<'_> {
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
         let mut i = 0;
         loop {
-            if let Some(m) = self.meter {
+            if let Some(m) = self.0.meter {
                 m.start_object();
             }
             let Some(item) = seq.next_element_seed(Strict)? else {
                 break;
             };
-            let place = if self.place == "top level" {
+            let place = if self.0.place == "top level" {
                 format!("item {i}")
             } else {
-                format!("{}, item {i}", self.place)
+                format!("{}, item {i}", self.0.place)
             };
-            if let Err(e) = self.snapshot.add(item, self.path, &place, self.accept) {
-                *self.failure = Some(e);
+            if let Err(e) = self
+                .0
+                .snapshot
+                .add(item, self.0.path, &place, self.0.accept)
+            {
+                *self.0.failure = Some(e);
                 return Err(de::Error::custom("refused"));
             }
             i += 1;

@@ -49,6 +49,11 @@ fn plan_pods(pods: &str, extra: &[&str]) -> Output {
     plan(&args)
 }
 
+/// What `plan` says on stderr of a pods file `name` holding `text`.
+fn pods_error(dir: &tempfile::TempDir, name: &str, text: &str) -> String {
+    stderr(&plan_pods(&write(dir, name, text), &[]))
+}
+
 fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
@@ -482,31 +487,27 @@ fn valid_input_stays_valid() {
 fn lines_count_in_the_whole_file_and_messages_are_escaped() {
     let dir = tempfile::tempdir().unwrap();
     // A duplicate after the items of a List, and one inside an item after a column-0 comment.
-    let after = write(
+    let e = pods_error(
         &dir,
         "after.yaml",
         "apiVersion: v1\nitems:\n- apiVersion: v1\n  kind: Pod\n  metadata: {name: a, namespace: b}\nkind: List\nkind: List\n",
     );
-    let e = stderr(&plan_pods(&after, &[]));
     assert!(e.contains("duplicate key \"kind\" at line 7"), "{e}");
-    let inside = write(
+    let e = pods_error(
         &dir,
         "inside.yaml",
         "apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Pod\n# c\n  metadata:\n    name: a\n    name: b\n",
     );
-    let e = stderr(&plan_pods(&inside, &[]));
     assert!(e.contains("duplicate key \"name\" at line 9"), "{e}");
     // A label key with a terminal escape and a newline reaches stderr escaped.
-    let forged = write(
+    let e = pods_error(
         &dir,
         "forged.yaml",
         "apiVersion: v1\nkind: Pod\nmetadata:\n  name: a\n  namespace: b\n  labels:\n    \"\\e[31mFORGED\\nline\": 1\n",
     );
-    let e = stderr(&plan_pods(&forged, &[]));
     assert!(!e.contains('\u{1b}') && e.lines().count() == 1, "{e:?}");
     // A megabyte-long value is cut in the message.
-    let long = write(&dir, "long.yaml", &format!("{}\n", "x".repeat(1_000_000)));
-    let e = stderr(&plan_pods(&long, &[]));
+    let e = pods_error(&dir, "long.yaml", &format!("{}\n", "x".repeat(1_000_000)));
     assert!(e.len() < 4096, "{} bytes", e.len());
 }
 
@@ -514,16 +515,15 @@ fn lines_count_in_the_whole_file_and_messages_are_escaped() {
 fn an_object_over_8_mib_is_refused_while_it_is_read() {
     let dir = tempfile::tempdir().unwrap();
     let zeros = vec!["0"; 5_000_000].join(",");
-    let json = write(
+    let e = pods_error(
         &dir,
         "big.json",
         &format!(
             "{{\"apiVersion\": \"v1\", \"items\": [{{\"kind\": \"Pod\", \"x\": [{zeros}]}}], \"kind\": \"List\"}}"
         ),
     );
-    let e = stderr(&plan_pods(&json, &[]));
     assert!(e.contains("an object larger than 8 MiB"), "{e}");
-    let yaml = write(
+    let e = pods_error(
         &dir,
         "big.yaml",
         &format!(
@@ -531,7 +531,6 @@ fn an_object_over_8_mib_is_refused_while_it_is_read() {
             "- 0\n".repeat(3_000_000)
         ),
     );
-    let e = stderr(&plan_pods(&yaml, &[]));
     assert!(e.contains("an object larger than 8 MiB"), "{e}");
 }
 
