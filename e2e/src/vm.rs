@@ -20,6 +20,23 @@ use crate::workspace_root;
 /// Where the guest finds the project's binaries.
 pub const GUEST_BIN: &str = "/opt/rocefabric/bin";
 
+/// Shell functions every scenario starts with: `$B` (the project's binaries), `$IP`, `section NAME
+/// CMD...` (CMD's output between the markers [`Run::section`] reads; returns CMD's status) and
+/// `rxe_up ADDR/LEN` (rxe0 on eth0 with that address, waited for until ACTIVE).
+pub const SHELL_PRELUDE: &str = r#"
+B=/opt/rocefabric/bin
+IP=/usr/sbin/ip
+section() { local n=$1 r; shift; echo "=== BEGIN $n"; "$@" 2>&1; r=$?; echo "=== END $n rc=$r"; return $r; }
+rxe_up() {
+  local i=0
+  $IP link set eth0 up && $IP addr add "$1" dev eth0 || return 1
+  /usr/sbin/rdma link add rxe0 type rxe netdev eth0 || return 1
+  until grep -q ACTIVE /sys/class/infiniband/rxe0/ports/1/state; do
+    i=$((i + 1)); [ $i -gt 200 ] && return 1; sleep 0.1
+  done
+}
+"#;
+
 /// When set (to anything but `0`), a VM that cannot run fails the suite instead of skipping it.
 pub const REQUIRE_ENV: &str = "ROCEFABRIC_REQUIRE_SOFT_ROCE";
 

@@ -20,11 +20,15 @@ use std::time::Duration;
 
 use clap::Parser as _;
 use rocefabric_e2e::node::dsm_binary;
-use rocefabric_e2e::vm::{self, Guest, Run};
+use rocefabric_e2e::vm::{self, Guest, Run, SHELL_PRELUDE};
 use rocefabric_operator::cli::{Cli, Command, plan};
 use serde_json::{Value, json};
 
 const VM_TIMEOUT: Duration = Duration::from_secs(420);
+
+/// Rounds of probe, ib_read_lat and ib_write_bw, interleaved. Under TCG on a shared host one
+/// round can land on a stall of a few host-scheduler quanta; each side's best round is compared.
+const PERF_ROUNDS: usize = 3;
 
 /// The pods: name, VM, pod IP, uid.
 const PODS: [(&str, &str, &str, &str); 4] = [
@@ -186,19 +190,9 @@ fn planned() -> Planned {
     }
 }
 
+/// Shell functions this suite's scenarios add to [`SHELL_PRELUDE`].
 const PRELUDE: &str = r#"
-B=/opt/rocefabric/bin
-IP=/usr/sbin/ip
 D=$B/rocefabric-dsm
-section() { n=$1; shift; echo "=== BEGIN $n"; "$@" 2>&1; r=$?; echo "=== END $n rc=$r"; return $r; }
-rxe_up() {
-  $IP link set eth0 up && $IP addr add "$1" dev eth0 || return 1
-  /usr/sbin/rdma link add rxe0 type rxe netdev eth0 || return 1
-  i=0
-  until grep -q ACTIVE /sys/class/infiniband/rxe0/ports/1/state; do
-    i=$((i + 1)); [ $i -gt 200 ] && return 1; sleep 0.1
-  done
-}
 # The RoCE v2 GID of the IPv4 address (what the device plugin hands out as NCCL_IB_GID_INDEX).
 roce_v2_ipv4_gid() {
   p=/sys/class/infiniband/rxe0/ports/1
@@ -284,7 +278,7 @@ fn scripts() -> BTreeMap<&'static str, String> {
 
 fn scenario(a_side: bool, p: &Planned) -> String {
     let scripts = scripts();
-    let mut out = String::from(PRELUDE);
+    let mut out = format!("{SHELL_PRELUDE}{PRELUDE}");
     out += &file("/tmp/dsm/dir1.json", &p.directory);
     out += &file("/tmp/dsm/dir2.json", &p.directory_after);
     out += "set_directory /tmp/dsm/dir1.json\n";
@@ -314,16 +308,18 @@ fn scenario(a_side: bool, p: &Planned) -> String {
              i=0; until grep -q '\"text\":\"swap\"' /tmp/dsm/a1.out 2>/dev/null; do i=$((i+1)); [ $i -gt 3000 ] && break; sleep 0.1; done\n\
              set_directory /tmp/dsm/dir2.json\nwait $A1; wait $A2\n\
              section a1 cat /tmp/dsm/a1.out /tmp/dsm/a1.err\nsection a2 cat /tmp/dsm/a2.out /tmp/dsm/a2.err\n\
-             section probe env POD_NAME=a1 POD_UID={} ROCEFABRIC_REGION_FILE=/tmp/dsm/a1.region $IP netns exec a1 $D probe --peers b2 --write --iterations 300 --requests 256 --output json\n\
-             section release env POD_NAME=a1 POD_UID={} ROCEFABRIC_REGION_FILE=/tmp/dsm/a1.region $IP netns exec a1 $D write --addr b2+0x1f0030 --word 1\n\
+             for round in $(seq {PERF_ROUNDS}); do\n\
+             section probe-$round env POD_NAME=a1 POD_UID={a1} ROCEFABRIC_REGION_FILE=/tmp/dsm/a1.region $IP netns exec a1 $D probe --peers b2 --write --iterations 300 --requests 256 --output json\n\
              i=0; until ib_read_lat -d rxe0 -x $GID -n 300 10.77.0.2 >/tmp/lat 2>&1; do i=$((i+1)); [ $i -gt 60 ] && break; sleep 1; done\n\
-             section read-lat cat /tmp/lat\n\
+             section read-lat-$round cat /tmp/lat\n\
              i=0; until ib_write_bw -d rxe0 -x $GID -n 256 -s 65536 -F 10.77.0.2 >/tmp/bw 2>&1; do i=$((i+1)); [ $i -gt 60 ] && break; sleep 1; done\n\
-             section write-bw cat /tmp/bw\nexit 0\n",
+             section write-bw-$round cat /tmp/bw\n\
+             done\n\
+             section release env POD_NAME=a1 POD_UID={a1} ROCEFABRIC_REGION_FILE=/tmp/dsm/a1.region $IP netns exec a1 $D write --addr b2+0x1f0030 --word 1\n\
+             exit 0\n",
             uid("a1"),
             uid("a2"),
-            uid("a1"),
-            uid("a1")
+            a1 = uid("a1"),
         );
     } else {
         out += &format!("pod b1n {} || exit 12\n", B1_NEW.2);
@@ -334,11 +330,13 @@ fn scenario(a_side: bool, p: &Planned) -> String {
              set_directory /tmp/dsm/dir2.json\n\
              POD_NAME=b1 POD_UID={} ROCEFABRIC_REGION_FILE=/tmp/dsm/b1-new.region $IP netns exec b1n $D session \
                </tmp/dsm/b1-new.in >/tmp/dsm/b1-new.out 2>/tmp/dsm/b1-new.err\n\
+             for round in $(seq {PERF_ROUNDS}); do\n\
+             section lat-server-$round timeout 120 ib_read_lat -d rxe0 -x $GID -n 300\n\
+             section bw-server-$round timeout 120 ib_write_bw -d rxe0 -x $GID -n 256 -s 65536 -F\n\
+             done\n\
              wait $B2\n\
              section b1 cat /tmp/dsm/b1.out /tmp/dsm/b1.err\nsection b2 cat /tmp/dsm/b2.out /tmp/dsm/b2.err\n\
-             section b1-new cat /tmp/dsm/b1-new.out /tmp/dsm/b1-new.err\n\
-             section lat-server timeout 120 ib_read_lat -d rxe0 -x $GID -n 300\n\
-             section bw-server timeout 120 ib_write_bw -d rxe0 -x $GID -n 256 -s 65536 -F\nexit 0\n",
+             section b1-new cat /tmp/dsm/b1-new.out /tmp/dsm/b1-new.err\nexit 0\n",
             uid("b1"),
             uid("b2"),
             B1_NEW.3
@@ -553,44 +551,64 @@ fn probe_figures_are_non_zero_and_within_3x_of_perftest() {
     let Some((a, _)) = runs("probe_figures_are_non_zero_and_within_3x_of_perftest") else {
         return;
     };
-    let probe = a.section("probe");
-    assert_eq!(probe.rc, 0, "{}", probe.output);
-    let start = probe.output.find('[').expect("probe JSON");
-    let rows: Value = serde_json::from_str(probe.output[start..].trim())
-        .unwrap_or_else(|e| panic!("{e}: {}", probe.output));
-    let row = &rows[0];
-    assert_eq!(row["pod"], "b2");
-    let f = |k: &str| row[k].as_f64().unwrap_or_else(|| panic!("{k} in {row}"));
-    for k in [
-        "readP50Us",
-        "readP99Us",
-        "readMibS",
-        "writeP50Us",
-        "writeP99Us",
-        "writeMibS",
-    ] {
-        assert!(f(k) > 0.0, "{k} in {row}");
+    // Per round: probe read p50 (us), probe write MiB/s, ib_read_lat typical (us), ib_write_bw
+    // average MiB/s.
+    let mut rounds = Vec::new();
+    for r in 1..=PERF_ROUNDS {
+        let probe = a.section(&format!("probe-{r}"));
+        assert_eq!(probe.rc, 0, "{}", probe.output);
+        let start = probe.output.find('[').expect("probe JSON");
+        let rows: Value = serde_json::from_str(probe.output[start..].trim())
+            .unwrap_or_else(|e| panic!("{e}: {}", probe.output));
+        let row = &rows[0];
+        assert_eq!(row["pod"], "b2");
+        let f = |k: &str| row[k].as_f64().unwrap_or_else(|| panic!("{k} in {row}"));
+        for k in [
+            "readP50Us",
+            "readP99Us",
+            "readMibS",
+            "writeP50Us",
+            "writeP99Us",
+            "writeMibS",
+        ] {
+            assert!(f(k) > 0.0, "{k} in {row}");
+        }
+        assert!(f("readP99Us") >= f("readP50Us"), "{row}");
+        assert!(f("writeP99Us") >= f("writeP50Us"), "{row}");
+        // ib_read_lat: #bytes #iterations t_min t_max t_typical ...; ib_write_bw: #bytes
+        // #iterations BW peak BW average (MB/s = 10^6 bytes) MsgRate; the row holds what follows #bytes.
+        let lat = perftest_row(a, &format!("read-lat-{r}"), "2");
+        let bw = perftest_row(a, &format!("write-bw-{r}"), "65536");
+        rounds.push([
+            f("readP50Us"),
+            f("writeMibS"),
+            lat[3],
+            bw[2] * 1e6 / (1 << 20) as f64,
+        ]);
     }
-    assert!(f("readP99Us") >= f("readP50Us"));
-    // ib_read_lat: #bytes #iterations t_min t_max t_typical ...; ib_write_bw: #bytes #iterations
-    // BW peak BW average (MB/s = 10^6 bytes) MsgRate.
-    let lat = perftest_row(a, "read-lat", "2");
-    let bw = perftest_row(a, "write-bw", "65536");
-    let (typical_us, perf_mib_s) = (lat[3], bw[2] * 1e6 / (1 << 20) as f64);
-    eprintln!(
-        "data_plane: probe read p50 {:.1} us vs ib_read_lat typical {typical_us:.1} us; write {:.1} MiB/s vs ib_write_bw {perf_mib_s:.1} MiB/s",
-        f("readP50Us"),
-        f("writeMibS")
-    );
+    for (r, [p50, w, typical, perf_w]) in rounds.iter().enumerate() {
+        eprintln!(
+            "data_plane: round {}: probe read p50 {p50:.1} us vs ib_read_lat typical {typical:.1} us; \
+             write {w:.1} MiB/s vs ib_write_bw {perf_w:.1} MiB/s",
+            r + 1
+        );
+    }
+    let best = |i: usize, lower_is_better: bool| {
+        let it = rounds.iter().map(|x| x[i]);
+        if lower_is_better {
+            it.fold(f64::INFINITY, f64::min)
+        } else {
+            it.fold(0.0, f64::max)
+        }
+    };
+    let (p50, w, typical, perf_w) = (best(0, true), best(1, false), best(2, true), best(3, false));
     let within = |x: f64, y: f64| x <= 3.0 * y && y <= 3.0 * x;
     assert!(
-        within(f("readP50Us"), typical_us),
-        "read p50 {} us vs perftest {typical_us} us",
-        f("readP50Us")
+        within(p50, typical),
+        "best read p50 {p50:.1} us vs best ib_read_lat typical {typical:.1} us, rounds {rounds:?}"
     );
     assert!(
-        within(f("writeMibS"), perf_mib_s),
-        "write {} MiB/s vs perftest {perf_mib_s} MiB/s",
-        f("writeMibS")
+        within(w, perf_w),
+        "best write {w:.1} MiB/s vs best ib_write_bw {perf_w:.1} MiB/s, rounds {rounds:?}"
     );
 }

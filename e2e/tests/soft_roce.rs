@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use rocefabric_e2e::node::daemon_binary;
 use rocefabric_e2e::skip;
-use rocefabric_e2e::vm::{self, Guest, Run};
+use rocefabric_e2e::vm::{self, Guest, Run, SHELL_PRELUDE};
 use serde_json::Value;
 
 /// Bound of one VM run; a healthy run takes well under a minute.
@@ -23,23 +23,10 @@ const VM_TIMEOUT: Duration = Duration::from_secs(240);
 const NODE_MAC: &str = "52:54:00:12:34:56";
 const NODE_RXE_ID: &str = "virtual-505400fffe123456";
 
-/// Shell functions every scenario starts with.
+/// Shell functions this suite's scenarios add to [`SHELL_PRELUDE`].
 const PRELUDE: &str = r#"
-B=/opt/rocefabric/bin
-IP=/usr/sbin/ip
 export RUST_LOG=warn
-# section NAME CMD...: CMD's output between markers; returns CMD's status.
-section() { n=$1; shift; echo "=== BEGIN $n"; "$@" 2>&1; r=$?; echo "=== END $n rc=$r"; return $r; }
 uptime_s() { cut -d' ' -f1 /proc/uptime; }
-# rxe0 on eth0 with address $1, ACTIVE.
-rxe_up() {
-  $IP link set eth0 up && $IP addr add "$1" dev eth0 || return 1
-  /usr/sbin/rdma link add rxe0 type rxe netdev eth0 || return 1
-  i=0
-  until grep -q ACTIVE /sys/class/infiniband/rxe0/ports/1/state; do
-    i=$((i + 1)); [ $i -gt 200 ] && return 1; sleep 0.1
-  done
-}
 gids() {
   p=/sys/class/infiniband/rxe0/ports/1
   for i in 0 1 2 3 4 5 6 7; do
@@ -152,7 +139,11 @@ fn node_run(test: &str) -> Option<&'static Run> {
         let image = vm::image()?;
         let work = tempfile::tempdir().map_err(|e| e.to_string())?;
         let _one_set_at_a_time = vm::exclusive();
-        let mut guest = Guest::new("node", &format!("{PRELUDE}{NODE_SCENARIO}"), binaries()?);
+        let mut guest = Guest::new(
+            "node",
+            &format!("{SHELL_PRELUDE}{PRELUDE}{NODE_SCENARIO}"),
+            binaries()?,
+        );
         guest.mac = NODE_MAC.into();
         let run = guest.start(&image, work.path())?.wait(VM_TIMEOUT);
         eprintln!("soft_roce: node VM ran {:.1} s", run.elapsed.as_secs_f64());
@@ -172,7 +163,7 @@ fn wire_runs(test: &str) -> Option<&'static (Run, Run)> {
         let end = |name: &str, server: bool, mac: &str| {
             let mut g = Guest::new(
                 name,
-                &format!("{PRELUDE}{}", wire_scenario(server)),
+                &format!("{SHELL_PRELUDE}{PRELUDE}{}", wire_scenario(server)),
                 bins.clone(),
             );
             g.mac = mac.into();
