@@ -13,9 +13,10 @@ use rocefabric_device_plugin::qos::Reading;
 use rocefabric_device_plugin::qos::apply::{self, Netlink};
 use rocefabric_device_plugin::qos::dcbnl::{
     self, DCB_ATTR_DCBX, DCB_ATTR_IEEE, DCB_ATTR_IEEE_APP, DCB_ATTR_IEEE_APP_TABLE,
-    DCB_ATTR_IEEE_PFC, DCB_ATTR_IFNAME, DCB_CMD_IEEE_GET, DcbApp, IeeePfc, RTM_GETDCB,
+    DCB_ATTR_IEEE_PFC, DCB_ATTR_IFNAME, DCB_CMD_IEEE_GET, RTM_GETDCB,
 };
 use rocefabric_device_plugin::qos::driver_files::{NetdevFiles, Roots};
+use rocefabric_device_plugin::qos::model::{DcbApp, IeeePfc};
 use rocefabric_device_plugin::qos::netlink::MessageBuilder;
 use rocefabric_device_plugin::qos::plan::{Desired, Observed, plan};
 use rocefabric_device_plugin::qos::rtnl::LinkOps;

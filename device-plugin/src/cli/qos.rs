@@ -14,8 +14,9 @@ use serde_json::{Value, json};
 use crate::config::CONFIG_FILE_LIMIT;
 use crate::qos::Reading;
 use crate::qos::apply::{self, Netlink};
-use crate::qos::dcbnl::{APP_SEL_DSCP, DcbApp, dcbx};
+use crate::qos::dcbnl::dcbx;
 use crate::qos::driver_files::{NetdevFiles, Roots};
+use crate::qos::model::{APP_SEL_DSCP, DcbApp};
 use crate::qos::netlink::errno;
 use crate::qos::plan::{Action, Desired, Observed, Plan};
 

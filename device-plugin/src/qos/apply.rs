@@ -5,9 +5,9 @@
 use rocefabric_api::{InterfaceStatus, Knob, KnobOutcome, KnobStatus, Mechanism, Trust};
 use tracing::{debug, info, warn};
 
-use super::Reading;
-use super::dcbnl::{APP_SEL_DSCP, DcbError, DcbOps, Dcbnl};
-use super::driver_files::{EcnPoint, NetdevFiles};
+use super::dcbnl::{DcbError, DcbOps, Dcbnl};
+use super::driver_files::NetdevFiles;
+use super::model::{APP_SEL_DSCP, EcnPoint, Reading};
 use super::netlink::RouteSocket;
 use super::plan::{Action, Desired, Observed, Plan, Write, plan};
 use super::rtnl::{LinkInfo, LinkOps, Rtnl};
@@ -332,7 +332,8 @@ pub fn apply(kernel: &mut Kernel<'_>, files: &NetdevFiles, desired: &Desired) ->
 #[allow(clippy::unwrap_used)] // tests fail loudly on the unexpected
 pub(crate) mod tests {
     use super::*;
-    use crate::qos::dcbnl::{DcbApp, IeeePfc, IeeeState};
+    use crate::qos::dcbnl::IeeeState;
+    use crate::qos::model::{DcbApp, IeeePfc};
     use crate::qos::netlink::{NetlinkError, errno};
     use crate::qos::rtnl::LinkError;
     use rocefabric_api::QosSpec;

@@ -38,9 +38,10 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use tracing::debug;
 
-use super::dcbnl::{DcbOps, IeeePfc, MAX_PRIORITIES};
+use super::dcbnl::DcbOps;
 use super::driver_files::NetdevFiles;
 use super::ethtool::{self, EthtoolError};
+use super::model::{IeeePfc, MAX_PRIORITIES};
 
 /// RDMA port counters: the files (relative to `ports/<n>/`, first readable wins) and the metric
 /// each feeds.

@@ -5,6 +5,7 @@
 //! [`DcbOps`] is the small interface the apply step uses; [`Dcbnl`] implements it over any
 //! netlink [`Transport`] (a real socket, or a fake kernel in tests).
 
+use super::model::{DcbApp, IeeePfc, MAX_PRIORITIES};
 use super::netlink::{
     self, Attr, Malformed, MessageBuilder, NLM_F_REQUEST, NetlinkError, Transport, errno,
     find_attr, parse_attrs, parse_messages, read_u16, read_u64,
@@ -40,9 +41,6 @@ pub const DCB_ATTR_IEEE_APP_TABLE: u16 = 3;
 /// `DCB_ATTR_IEEE_APP`, one entry inside the APP table.
 pub const DCB_ATTR_IEEE_APP: u16 = 1;
 
-/// `IEEE_8021QAZ_APP_SEL_DSCP`: the protocol field is a DSCP value.
-pub const APP_SEL_DSCP: u8 = 5;
-
 /// DCBX mode flags (`DCB_CAP_DCBX_*`).
 pub mod dcbx {
     pub const HOST: u8 = 0x01;
@@ -73,29 +71,12 @@ pub mod dcbx {
     }
 }
 
-/// Number of traffic priorities (`IEEE_8021QAZ_MAX_TCS`).
-pub const MAX_PRIORITIES: usize = 8;
-
 /// `struct ieee_pfc`: 136 bytes, host byte order.
 ///
 /// ```text
 /// @0 u8 pfc_cap  @1 u8 pfc_en  @2 u8 mbc  @3 pad  @4 u16 delay  @6 pad[2]
 /// @8 u64 requests[8]  @72 u64 indications[8]
 /// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct IeeePfc {
-    pub pfc_cap: u8,
-    /// Bit i = PFC on priority i.
-    pub pfc_en: u8,
-    pub mbc: u8,
-    /// Used by mlx5 as the cable length for buffer thresholds.
-    pub delay: u16,
-    /// PFC frames sent per priority (mlx5: `tx_prioN_pause`).
-    pub requests: [u64; MAX_PRIORITIES],
-    /// PFC frames received per priority (mlx5: `rx_prioN_pause`).
-    pub indications: [u64; MAX_PRIORITIES],
-}
-
 impl IeeePfc {
     /// `sizeof(struct ieee_pfc)`.
     pub const SIZE: usize = 136;
@@ -140,38 +121,12 @@ impl IeeePfc {
         }
         Ok(pfc)
     }
-
-    /// Priorities with PFC enabled, ascending.
-    pub fn enabled_priorities(&self) -> Vec<u8> {
-        bits_to_priorities(self.pfc_en)
-    }
-}
-
-/// Priorities of a bitmap (bit i = priority i), ascending.
-pub fn bits_to_priorities(bits: u8) -> Vec<u8> {
-    (0u8..8).filter(|p| bits & (1 << p) != 0).collect()
 }
 
 /// `struct dcb_app`: selector u8, priority u8, protocol u16 (host order). 4 bytes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct DcbApp {
-    pub selector: u8,
-    pub priority: u8,
-    pub protocol: u16,
-}
-
 impl DcbApp {
     /// `sizeof(struct dcb_app)`.
     pub const SIZE: usize = 4;
-
-    /// A DSCP -> priority entry.
-    pub fn dscp(dscp: u8, priority: u8) -> Self {
-        Self {
-            selector: APP_SEL_DSCP,
-            priority,
-            protocol: u16::from(dscp),
-        }
-    }
 
     pub fn encode(&self) -> [u8; Self::SIZE] {
         let p = self.protocol.to_ne_bytes();

@@ -22,7 +22,7 @@ use rocefabric_api::nic_selector::normalize_pci_address;
 use rocefabric_input::read::{attr, read_attr};
 use rocefabric_input::shown;
 
-use super::Reading;
+use super::model::{EcnPoint, Reading};
 
 /// Where sysfs, debugfs and configfs are mounted.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -38,22 +38,6 @@ impl Default for Roots {
             sysfs: PathBuf::from("/sys"),
             debugfs: PathBuf::from("/sys/kernel/debug"),
             configfs: PathBuf::from("/sys/kernel/config"),
-        }
-    }
-}
-
-/// ECN notification point (receiver, sends CNPs) or reaction point (sender, slows down).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum EcnPoint {
-    Notification,
-    Reaction,
-}
-
-impl EcnPoint {
-    fn dir(self) -> &'static str {
-        match self {
-            EcnPoint::Notification => "roce_np",
-            EcnPoint::Reaction => "roce_rp",
         }
     }
 }
@@ -133,7 +117,7 @@ impl NetdevFiles {
 
     /// `<sysfs>/class/net/<if>/ecn/<point>/enable`.
     pub fn ecn_enable_dir(&self, point: EcnPoint) -> PathBuf {
-        self.net_dir().join("ecn").join(point.dir()).join("enable")
+        self.net_dir().join("ecn").join(point.name()).join("enable")
     }
 
     fn cc_params(&self) -> Option<PathBuf> {

@@ -17,9 +17,9 @@ use std::fmt;
 
 use rocefabric_api::{Knob, Mechanism, QosSpec, Trust};
 
-use super::dcbnl::{APP_SEL_DSCP, DcbApp, IeeePfc, bits_to_priorities};
-use super::driver_files::EcnPoint;
-use super::{Reading, priority_list};
+use super::model::{
+    APP_SEL_DSCP, DcbApp, EcnPoint, IeeePfc, Reading, bits_to_priorities, priority_list,
+};
 
 /// `default_roce_mode` the fabric wants.
 pub const ROCE_V2_MODE: &str = "RoCE v2";
@@ -204,10 +204,7 @@ impl fmt::Display for Write {
             } => write!(
                 f,
                 "sysfs ecn/{}/enable/{priority} <- {}",
-                match point {
-                    EcnPoint::Notification => "roce_np",
-                    EcnPoint::Reaction => "roce_rp",
-                },
+                point.name(),
                 u8::from(*enabled)
             ),
             Write::CnpDscp { mechanism, value } => match mechanism {
