@@ -173,7 +173,8 @@ pub fn prepare_node(cluster: &LocalCluster) -> Result<FixtureNode, String> {
     }
     node.write_to(&sys)
         .map_err(|e| format!("writing the fixture to {}: {e}", sys.display()))?;
-    for dir in ["debugfs", "configfs"] {
+    // The directories the QoS agent mounts (mlx5's cc_params, rdma_cm's configfs).
+    for dir in ["debugfs/mlx5", "configfs/rdma_cm"] {
         let path = cluster.node_root().join(dir);
         fs::create_dir_all(&path).map_err(|e| format!("{}: {e}", path.display()))?;
     }

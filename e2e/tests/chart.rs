@@ -681,15 +681,20 @@ fn device_plugin_container_has_no_capabilities_and_only_its_host_paths() {
     assert_eq!(host_mounts(&pod, c), expected, "device-plugin host paths");
 
     // The agent: the sysfs device tree read-write (the driver's attribute files), class and bus
-    // read-only (symlinks into it), debugfs and configfs; never all of /sys read-write, never the
-    // kubelet's sockets or /dev.
+    // read-only (symlinks into it), mlx5's debugfs directory and rdma_cm's configfs directory;
+    // never all of /sys read-write, never all of debugfs or configfs, never the kubelet's sockets
+    // or /dev.
     let agent = container(&pod, "qos-agent");
     let expected: BTreeSet<(String, String, bool)> = [
         ("/host/sys/devices", "/sys/devices", false),
         ("/host/sys/class", "/sys/class", true),
         ("/host/sys/bus", "/sys/bus", true),
-        ("/host/debugfs", "/sys/kernel/debug", false),
-        ("/host/configfs", "/sys/kernel/config", false),
+        ("/host/debugfs/mlx5", "/sys/kernel/debug/mlx5", false),
+        (
+            "/host/configfs/rdma_cm",
+            "/sys/kernel/config/rdma_cm",
+            false,
+        ),
     ]
     .into_iter()
     .map(|(m, h, ro)| (m.to_string(), h.to_string(), ro))
