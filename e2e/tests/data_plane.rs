@@ -28,7 +28,7 @@ const VM_TIMEOUT: Duration = Duration::from_secs(420);
 
 /// Rounds of probe, ib_read_lat and ib_write_bw, interleaved. Under TCG on a shared host one
 /// round can land on a stall of a few host-scheduler quanta; each side's best round is compared.
-const PERF_ROUNDS: usize = 3;
+const PERF_ROUNDS: usize = 5;
 
 /// The pods: name, VM, pod IP, uid.
 const PODS: [(&str, &str, &str, &str); 4] = [
