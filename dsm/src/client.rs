@@ -115,6 +115,7 @@ const COMPLETION_TIMEOUT: Duration = Duration::from_secs(15);
 pub struct Stats {
     pub connects: u64,
     pub reconnects: u64,
+    /// Requests the HCA accepted (a refused post is not counted).
     pub posted: u64,
     pub directory_reloads: u64,
 }
@@ -407,10 +408,12 @@ impl Dsm {
                     .get_mut(pod)
                     .unwrap_or_else(|| unreachable!("connected above"));
                 match conn.qp.post(&self.staging, ws) {
-                    Ok(()) => posted.push((pod.clone(), ws.len(), ws[0].id)),
+                    Ok(()) => {
+                        self.stats.posted += ws.len() as u64;
+                        posted.push((pod.clone(), ws.len(), ws[0].id));
+                    }
                     Err(e) => failure = Some((pod.clone(), ws[0].id, format!("post failed: {e}"))),
                 }
-                self.stats.posted += ws.len() as u64;
             }
             for (pod, n, first) in posted {
                 let conn = self
