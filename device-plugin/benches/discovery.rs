@@ -38,13 +38,24 @@ fn benches(c: &mut Criterion) {
     c.bench_function("allocate 2 HCAs", |b| {
         b.iter(|| allocation::allocate(ResourceKind::Hca, &inv, &cfg, Some(106), black_box(&grant)))
     });
-    let pairs: Vec<String> = allocation::advertised(ResourceKind::GpuHca, &inv, &cfg)
+    let mut pair_cfg = Config::default();
+    pair_cfg.gpu_hca.enabled = true;
+    let pairs: Vec<String> = allocation::advertised(ResourceKind::GpuHca, &inv, &pair_cfg)
         .into_iter()
         .take(4)
         .map(|d| d.id)
         .collect();
+    assert_eq!(pairs.len(), 4);
     c.bench_function("allocate 4 GPU-HCA pairs", |b| {
-        b.iter(|| allocation::allocate(ResourceKind::GpuHca, &inv, &cfg, None, black_box(&pairs)))
+        b.iter(|| {
+            allocation::allocate(
+                ResourceKind::GpuHca,
+                &inv,
+                &pair_cfg,
+                None,
+                black_box(&pairs),
+            )
+        })
     });
 
     let all: Vec<String> = allocation::advertised(ResourceKind::Hca, &inv, &cfg)

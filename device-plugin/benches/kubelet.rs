@@ -19,7 +19,11 @@ use rocefabric_device_plugin::kubelet::pb;
 use rocefabric_device_plugin::serve::{self, ServeOptions};
 use tokio::sync::oneshot;
 
+/// All three resources on (`gpu` and `gpuHca` enabled): the rails and the GPUs are the pairs', so
+/// `rdma/hca` keeps the six storage and irdma ports and `nvidia.com/gpu` lists none.
 const RESOURCES: [&str; 3] = ["rdma/hca", "nvidia.com/gpu", "rdma/gpu-hca"];
+/// Two HCAs that are no GPU's rail: mlx5_1 and mlx5_7, the storage cards' first ports.
+const TWO_HCAS: [&str; 2] = ["0000:29:00.0", "0000:aa:00.0"];
 const WAIT: Duration = Duration::from_secs(10);
 const CALLS: usize = 3000;
 const RESTARTS: usize = 30;
@@ -68,10 +72,12 @@ async fn round_trips_and_reregistration() {
     fixtures::write_dev_nodes(&FixtureNode::dgx_h100(), &dir.path().join("dev")).unwrap();
     let plugin_dir = dir.path().join("plugins");
     let mut kubelet = KubeletEmulator::start(&plugin_dir).await.unwrap();
-    let config = Config {
+    let mut config = Config {
         traffic_class: Some(106),
         ..Config::default()
     };
+    config.gpu.enabled = true;
+    config.gpu_hca.enabled = true;
     let mut options = ServeOptions::new(config, sysfs, dir.path().join("dev"), plugin_dir);
     options.liveness_interval = Duration::from_secs(3600);
     let (_view_tx, view_rx) = fabric_view::static_view(&options.config);
@@ -85,11 +91,11 @@ async fn round_trips_and_reregistration() {
     let mut client = kubelet.client("rdma/hca").await.unwrap();
     let allocate = pb::AllocateRequest {
         container_requests: vec![pb::ContainerAllocateRequest {
-            devices_ids: vec!["0000:18:00.0".into(), "0000:40:00.0".into()],
+            devices_ids: TWO_HCAS.map(String::from).to_vec(),
         }],
     };
     let pre_start = pb::PreStartContainerRequest {
-        devices_ids: vec!["0000:18:00.0".into()],
+        devices_ids: vec![TWO_HCAS[0].into()],
     };
     let first = client
         .allocate(allocate.clone())
@@ -98,7 +104,7 @@ async fn round_trips_and_reregistration() {
         .into_inner();
     assert_eq!(
         first.container_responses[0].envs["NCCL_IB_HCA"],
-        "=mlx5_0:1,mlx5_3:1"
+        "=mlx5_1:1,mlx5_7:1"
     );
     for _ in 0..300 {
         client.allocate(allocate.clone()).await.unwrap();
@@ -218,7 +224,11 @@ async fn serve_binary_memory() {
     let plugin_dir = dir.path().join("plugins");
     let kubelet = KubeletEmulator::start(&plugin_dir).await.unwrap();
     let config = dir.path().join("config.yaml");
-    std::fs::write(&config, "pollInterval: 100ms\ntrafficClass: 106\n").unwrap();
+    std::fs::write(
+        &config,
+        "pollInterval: 100ms\ntrafficClass: 106\ngpu:\n  enabled: true\ngpuHca:\n  enabled: true\n",
+    )
+    .unwrap();
     let binary = env!("CARGO_BIN_EXE_rocefabric-device-plugin");
     let mut child = Command::new(binary)
         .args(["serve", "--config"])
@@ -240,17 +250,11 @@ async fn serve_binary_memory() {
     let pid = child.id();
     let after_start = status_kib(pid, "VmRSS:");
 
-    // Some work: allocations on every resource, a link flap seen through ListAndWatch, and 20
-    // poll intervals of steady state.
+    // Some work: allocations on every resource with devices (every GPU has a rail here, so
+    // nvidia.com/gpu lists none), a link flap seen through ListAndWatch, and 20 poll intervals of
+    // steady state.
     for _ in 0..200 {
-        kubelet
-            .allocate("rdma/hca", &["0000:18:00.0", "0000:40:00.0"])
-            .await
-            .unwrap();
-        kubelet
-            .allocate("nvidia.com/gpu", &["0000:1b:00.0"])
-            .await
-            .unwrap();
+        kubelet.allocate("rdma/hca", &TWO_HCAS).await.unwrap();
         kubelet
             .allocate("rdma/gpu-hca", &["0000:1b:00.0_0000:18:00.0"])
             .await
@@ -259,10 +263,10 @@ async fn serve_binary_memory() {
     fixtures::set_port_state(&sysfs, "mlx5_3", 1, false).unwrap();
     let down = |d: &[pb::Device]| {
         d.iter()
-            .any(|d| d.id == "0000:40:00.0" && d.health == "Unhealthy")
+            .any(|d| d.id == "0000:43:00.0_0000:40:00.0" && d.health == "Unhealthy")
     };
     kubelet
-        .wait_for_devices("rdma/hca", WAIT, down)
+        .wait_for_devices("rdma/gpu-hca", WAIT, down)
         .await
         .unwrap();
     fixtures::set_port_state(&sysfs, "mlx5_3", 1, true).unwrap();

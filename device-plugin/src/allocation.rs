@@ -2,6 +2,10 @@
 //! NUMA node), which IDs are preferred for a request, and what a container receives for a grant
 //! (device nodes and the NCCL/UCX environment). The kubelet servers are thin adapters over this.
 //!
+//! Each resource lists, proposes and grants only the devices it owns in the node's
+//! [`Partition`] (one device, one owner; a disabled resource owns nothing), so a GPU or HCA is
+//! never handed out by two resources at once.
+//!
 //! # Device IDs
 //! - `rdma/hca`: the HCA's ID ([`Hca::id`]): its PCI address (`0000:18:00.0`), or
 //!   `virtual-<node GUID>` for a Soft-RoCE device (24 characters). With `hca.sharedReplicas: N > 1`
@@ -43,6 +47,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::config::Config;
 use crate::model::{Distance, Gpu, Hca, Health, Inventory};
+use crate::ownership::Partition;
 use crate::topology;
 
 /// `/dev/infiniband/rdma_cm`: the shared RDMA connection manager device.
@@ -146,6 +151,13 @@ impl ContainerAllocation {
 pub enum AllocateError {
     #[error("unknown {resource} device id {id:?}")]
     UnknownDevice { resource: String, id: String },
+    /// The ID names a device that another resource owns (see [`crate::ownership`]).
+    #[error("{resource} device id {id:?}: the device is served by {owner}, not {resource}")]
+    NotOwned {
+        resource: String,
+        id: String,
+        owner: String,
+    },
     #[error("{resource} device {id:?}: HCA {hca} has no uverbs device")]
     NoUverbs {
         resource: String,
@@ -231,31 +243,33 @@ impl Unit<'_> {
     }
 }
 
-/// Every advertised ID of `kind` with what it stands for, in advertisement order.
-fn entries<'a>(kind: ResourceKind, inv: &'a Inventory, cfg: &Config) -> Vec<(String, Unit<'a>)> {
+/// Every advertised ID of `kind` with what it stands for, in advertisement order: the devices
+/// `kind` owns in `part`.
+fn entries<'a>(kind: ResourceKind, part: &Partition<'a>, cfg: &Config) -> Vec<(String, Unit<'a>)> {
     match kind {
         ResourceKind::Hca => {
             let n = cfg.hca.shared_replicas.max(1);
-            inv.hcas
+            part.hcas
                 .iter()
-                .flat_map(|h| (0..n).map(move |k| (hca_device_id(h, k, n), Unit::Hca(h))))
+                .flat_map(|&h| (0..n).map(move |k| (hca_device_id(h, k, n), Unit::Hca(h))))
                 .collect()
         }
-        ResourceKind::Gpu => inv
+        ResourceKind::Gpu => part
             .gpus
             .iter()
-            .map(|g| (g.pci_address.clone(), Unit::Gpu(g)))
+            .map(|&g| (g.pci_address.clone(), Unit::Gpu(g)))
             .collect(),
-        ResourceKind::GpuHca => topology::gpu_hca_pairs(inv)
-            .into_iter()
-            .map(|(g, h, _)| (pair_device_id(g, h), Unit::Pair(g, h)))
+        ResourceKind::GpuHca => part
+            .pairs
+            .iter()
+            .map(|&(g, h, _)| (pair_device_id(g, h), Unit::Pair(g, h)))
             .collect(),
     }
 }
 
-/// The devices of `kind` to list to the kubelet.
+/// The devices of `kind` to list to the kubelet (none when `cfg` disables `kind`).
 pub fn advertised(kind: ResourceKind, inv: &Inventory, cfg: &Config) -> Vec<AdvertisedDevice> {
-    entries(kind, inv, cfg)
+    entries(kind, &Partition::new(inv, cfg), cfg)
         .into_iter()
         .map(|(id, u)| AdvertisedDevice {
             id,
@@ -400,7 +414,9 @@ pub fn preferred(
     must_include: &[String],
     size: usize,
 ) -> Vec<String> {
-    let known: HashMap<String, Unit<'_>> = entries(kind, inv, cfg).into_iter().collect();
+    let known: HashMap<String, Unit<'_>> = entries(kind, &Partition::new(inv, cfg), cfg)
+        .into_iter()
+        .collect();
     let mut must: Vec<String> = Vec::new();
     for id in must_include {
         if !must.contains(id) {
@@ -460,20 +476,27 @@ pub fn preferred(
     must
 }
 
-/// Resolve one granted ID of `kind`.
+/// Resolve one granted ID of `kind`; an ID of a device another resource owns names that owner.
 fn resolve<'a>(
     kind: ResourceKind,
     known: &HashMap<String, Unit<'a>>,
+    part: &Partition<'_>,
     cfg: &Config,
     id: &str,
 ) -> Result<Unit<'a>, AllocateError> {
-    known
-        .get(id)
-        .copied()
-        .ok_or_else(|| AllocateError::UnknownDevice {
-            resource: kind.resource_name(cfg).to_string(),
-            id: id.to_string(),
-        })
+    if let Some(unit) = known.get(id) {
+        return Ok(*unit);
+    }
+    let resource = kind.resource_name(cfg).to_string();
+    let id = id.to_string();
+    Err(match part.owned_elsewhere(kind, &id) {
+        Some(owner) => AllocateError::NotOwned {
+            resource,
+            id,
+            owner: owner.resource_name(cfg).to_string(),
+        },
+        None => AllocateError::UnknownDevice { resource, id },
+    })
 }
 
 /// What a container receives for the granted `ids` of `kind`. `traffic_class` is the fabric's
@@ -486,7 +509,8 @@ pub fn allocate(
     ids: &[String],
 ) -> Result<ContainerAllocation, AllocateError> {
     let resource = kind.resource_name(cfg);
-    let known: HashMap<String, Unit<'_>> = entries(kind, inv, cfg).into_iter().collect();
+    let part = Partition::new(inv, cfg);
+    let known: HashMap<String, Unit<'_>> = entries(kind, &part, cfg).into_iter().collect();
     let mut hcas: BTreeMap<&str, &Hca> = BTreeMap::new();
     let mut gpus: BTreeMap<u32, &Gpu> = BTreeMap::new();
     // The HCA of each granted ID, for the error message naming the ID.
@@ -496,7 +520,7 @@ pub fn allocate(
     // duplicates collapse.
     let ids: BTreeSet<&String> = ids.iter().collect();
     for id in ids {
-        match resolve(kind, &known, cfg, id)? {
+        match resolve(kind, &known, &part, cfg, id)? {
             Unit::Hca(h) => {
                 hcas.insert(&h.id, h);
                 hca_ids.push((id, h));

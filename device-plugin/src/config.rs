@@ -13,15 +13,18 @@
 //!     vendors: ["15b3"]
 //!     deviceIds: ["1021"]
 //! gpu:
-//!   enabled: true              # turn off when NVIDIA's own device plugin serves the GPUs
+//!   enabled: false             # NVIDIA's own device plugin serves the GPUs in the usual setup
 //!   resourceName: nvidia.com/gpu
 //! gpuHca:
-//!   enabled: true
+//!   enabled: false             # GPU + rail HCA pairs: only where rocefabric owns the node's GPUs
 //!   resourceName: rdma/gpu-hca
 //! trafficClass: 106            # NCCL_IB_TC / UCX_IB_TRAFFIC_CLASS handed to workloads
 //! qosGate: auto                # auto | enabled | disabled
 //! softRoce: exclude            # exclude | include: advertise virtual RDMA devices (Soft-RoCE rxe)
 //! ```
+//!
+//! Each device is served by one resource (see [`crate::ownership`]): with `gpuHca` on, the rail
+//! HCAs and their GPUs leave `rdma/hca` and `gpu`.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -99,7 +102,8 @@ pub struct HcaConfig {
     pub selector: NicSelector,
 }
 
-/// The GPU resource.
+/// The GPU resource. Off by default: NVIDIA's device plugin usually serves `nvidia.com/gpu`, and
+/// two plugins registering one resource name displace each other at every restart.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct GpuConfig {
@@ -107,7 +111,8 @@ pub struct GpuConfig {
     pub resource_name: String,
 }
 
-/// The GPU + closest HCA pair resource.
+/// The GPU + closest HCA pair resource. Off by default: a pair hands out a GPU, so it is for nodes
+/// whose GPUs no other plugin serves.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct PairConfig {
@@ -155,7 +160,7 @@ impl Default for HcaConfig {
 impl Default for GpuConfig {
     fn default() -> Self {
         GpuConfig {
-            enabled: true,
+            enabled: false,
             resource_name: DEFAULT_GPU_RESOURCE.to_string(),
         }
     }
@@ -164,7 +169,7 @@ impl Default for GpuConfig {
 impl Default for PairConfig {
     fn default() -> Self {
         PairConfig {
-            enabled: true,
+            enabled: false,
             resource_name: GPU_HCA_RESOURCE.to_string(),
         }
     }
@@ -307,6 +312,15 @@ impl Config {
         for (i, (field, name, enabled)) in names.iter().enumerate() {
             if !enabled {
                 continue;
+            }
+            // The kubelet keeps one plugin per name: NVIDIA's plugin and ours would displace each
+            // other, and pods asking for GPUs would get HCAs or pairs.
+            if *field != "gpu.resourceName" && name.as_str() == DEFAULT_GPU_RESOURCE {
+                return Err(invalid(
+                    field,
+                    format!("{name:?}"),
+                    "is the GPU resource name NVIDIA's device plugin registers; only gpu.resourceName may use it",
+                ));
             }
             if let Some((other, _, _)) = names[..i]
                 .iter()

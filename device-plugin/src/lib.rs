@@ -13,6 +13,7 @@ pub mod fixtures;
 pub mod inventory;
 pub mod kubelet;
 pub mod model;
+pub mod ownership;
 pub mod qos;
 pub mod serve;
 pub mod topology;

@@ -6,6 +6,9 @@
 //!   `tokio::sync::watch` channels; a channel only changes when its content does, so
 //!   `ListAndWatch` sends a list exactly when something changed. A device once advertised and then
 //!   gone from sysfs stays listed as Unhealthy for the life of the process.
+//! - Each resource lists only the devices it owns (see [`crate::ownership`]); the first publish logs
+//!   the split when pairs took rail HCAs or GPUs from `rdma/hca` or the GPU resource, and a device
+//!   that later changes owner (its rail appeared or vanished) is logged as a warning.
 //! - A supervisor owns the servers: at start it removes its stale sockets, serves every enabled
 //!   resource (also one with no devices on this node: capacity 0, and devices that appear later,
 //!   such as RDMA devices after a late driver load, are listed without a restart), and registers
@@ -41,6 +44,7 @@ use crate::kubelet::server::{BackendError, DeviceBackend, PluginServer, ServerEr
 use crate::kubelet::watcher::{DirEvent, DirWatcher, WatchError};
 use crate::kubelet::{self, pb};
 use crate::model::{Health, Inventory};
+use crate::ownership::{self, Partition};
 
 /// Everything `serve` needs; every host path is explicit.
 #[derive(Clone, Debug)]
@@ -85,7 +89,8 @@ pub struct ServeMetrics {
     pub devices: Family<Labels, Gauge>,
     /// `Register` attempts, per resource and result (`success` or an error label).
     pub registrations: Family<Labels, Counter>,
-    /// `Allocate` calls, per resource and result (`success`, `unknown_device`, `failed`).
+    /// `Allocate` calls, per resource and result (`success`, `unknown_device`, `not_owned`,
+    /// `failed`).
     pub allocations: Family<Labels, Counter>,
     /// Kubelet restarts noticed (a new `kubelet.sock`).
     pub kubelet_restarts: Counter,
@@ -235,6 +240,8 @@ struct Publisher {
     metrics: Arc<ServeMetrics>,
     state: watch::Sender<Arc<NodeState>>,
     lists: Vec<DeviceList>,
+    /// Each served device's resource at the last publish; `None` before the first.
+    owners: Option<BTreeMap<String, ResourceKind>>,
 }
 
 impl Publisher {
@@ -252,11 +259,43 @@ impl Publisher {
             metrics,
             state: watch::Sender::new(Arc::new(NodeState::default())),
             lists,
+            owners: None,
         }
+    }
+
+    /// At the first publish, which devices each resource owns when pairs took some away from
+    /// `rdma/hca` or the GPU resource (fewer HCAs than discovered would otherwise puzzle); later,
+    /// every device that changes owner.
+    fn log_ownership(&mut self, inventory: &Inventory) {
+        let cfg = &self.config;
+        let name = |kind: ResourceKind| kind.resource_name(cfg).to_string();
+        let part = Partition::new(inventory, cfg);
+        let owners = part.owners();
+        match &self.owners {
+            None if part.moved_any() => {
+                let [(_, hcas), (_, gpus), (_, pairs)] = part.summary();
+                tracing::info!(
+                    hca_resource = %name(ResourceKind::Hca), ?hcas,
+                    gpu_resource = %name(ResourceKind::Gpu), gpu_enabled = cfg.gpu.enabled, ?gpus,
+                    pair_resource = %name(ResourceKind::GpuHca), ?pairs,
+                    "device ownership: each GPU's rail HCA and the GPU are served only as a pair"
+                );
+            }
+            None => {}
+            Some(before) => {
+                for (device, from, to) in ownership::moves(before, &owners) {
+                    tracing::warn!(%device, from = %name(from), to = %name(to),
+                        "device changed owner (a rail HCA appeared or vanished); containers \
+                         granted it through the old resource still hold it");
+                }
+            }
+        }
+        self.owners = Some(owners);
     }
 
     /// Recompute everything; each channel is notified only when its content changed.
     fn publish(&mut self, inventory: &Inventory, view: &FabricView) {
+        self.log_ownership(inventory);
         let gated = view.gate(inventory);
         for list in &mut self.lists {
             let devices = with_departed(
@@ -389,6 +428,7 @@ impl DeviceBackend for ResourceBackend {
         let outcome = match &result {
             Ok(_) => "success",
             Err(allocation::AllocateError::UnknownDevice { .. }) => "unknown_device",
+            Err(allocation::AllocateError::NotOwned { .. }) => "not_owned",
             Err(_) => "failed",
         };
         let labels = ServeMetrics::labels(&self.name, "result", outcome);
@@ -396,6 +436,9 @@ impl DeviceBackend for ResourceBackend {
         let alloc = result.map_err(|e| match e {
             allocation::AllocateError::UnknownDevice { resource, id } => {
                 BackendError::UnknownDevice { resource, id }
+            }
+            e @ allocation::AllocateError::NotOwned { .. } => {
+                BackendError::InvalidRequest(e.to_string())
             }
             other => BackendError::Failed(other.to_string()),
         })?;

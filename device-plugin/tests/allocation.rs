@@ -14,6 +14,7 @@ use rocefabric_device_plugin::config::Config;
 use rocefabric_device_plugin::fixtures::{self, FixtureNode};
 use rocefabric_device_plugin::inventory::discover;
 use rocefabric_device_plugin::model::{Health, Inventory};
+use rocefabric_device_plugin::ownership::devices_behind;
 
 fn inventory_of(node: &FixtureNode) -> Inventory {
     let dir = fixtures::tempdir().unwrap();
@@ -24,6 +25,20 @@ fn inventory_of(node: &FixtureNode) -> Inventory {
 fn dgx() -> &'static Inventory {
     static INV: OnceLock<Inventory> = OnceLock::new();
     INV.get_or_init(|| inventory_of(&FixtureNode::dgx_h100()))
+}
+
+/// GPUs served by this plugin: every GPU under the GPU resource, every HCA under `rdma/hca`.
+fn gpus_on() -> Config {
+    let mut c = Config::default();
+    c.gpu.enabled = true;
+    c
+}
+
+/// GPU + rail pairs served: the rails and their GPUs are the pair resource's.
+fn pairs_on() -> Config {
+    let mut c = Config::default();
+    c.gpu_hca.enabled = true;
+    c
 }
 
 fn shared(n: u32) -> Config {
@@ -61,7 +76,11 @@ fn hcas_are_advertised_by_pci_address_with_numa_and_health() {
     assert_eq!(devs[13].id, "0000:dc:00.0");
     assert_eq!(devs[13].numa_node, Some(1));
     assert!(devs.iter().all(|d| d.health == Health::Healthy));
-    let gpus = advertised(ResourceKind::Gpu, dgx(), &Config::default());
+    assert!(
+        advertised(ResourceKind::Gpu, dgx(), &Config::default()).is_empty(),
+        "GPUs are off by default"
+    );
+    let gpus = advertised(ResourceKind::Gpu, dgx(), &gpus_on());
     let gpu_ids: Vec<_> = gpus.iter().map(|d| d.id.as_str()).collect();
     assert_eq!(
         gpu_ids,
@@ -101,7 +120,11 @@ fn shared_replicas_stay_traceable_to_their_hca() {
 
 #[test]
 fn pairs_are_each_gpu_with_its_rail() {
-    let devs = advertised(ResourceKind::GpuHca, dgx(), &Config::default());
+    assert!(
+        advertised(ResourceKind::GpuHca, dgx(), &Config::default()).is_empty(),
+        "pairs are off by default"
+    );
+    let devs = advertised(ResourceKind::GpuHca, dgx(), &pairs_on());
     let got: Vec<_> = devs.iter().map(|d| (d.id.as_str(), d.numa_node)).collect();
     assert_eq!(
         got,
@@ -118,7 +141,7 @@ fn pairs_are_each_gpu_with_its_rail() {
     );
     // A pair is unhealthy when its HCA is.
     let down = inventory_of(&FixtureNode::variant("dgx-h100-link-down").unwrap());
-    let devs = advertised(ResourceKind::GpuHca, &down, &Config::default());
+    let devs = advertised(ResourceKind::GpuHca, &down, &pairs_on());
     let unhealthy: Vec<_> = devs
         .iter()
         .filter(|d| d.health == Health::Unhealthy)
@@ -127,7 +150,7 @@ fn pairs_are_each_gpu_with_its_rail() {
     assert_eq!(unhealthy, ["0000:43:00.0_0000:40:00.0"]);
     // A GPU with unknown NUMA takes its HCA's node.
     let no_numa = inventory_of(&FixtureNode::variant("dgx-h100-gpu-no-numa").unwrap());
-    let cfg = Config::default();
+    let cfg = pairs_on();
     assert_eq!(
         numa_of(
             &no_numa,
@@ -138,7 +161,7 @@ fn pairs_are_each_gpu_with_its_rail() {
         Some(0)
     );
     assert_eq!(
-        numa_of(&no_numa, ResourceKind::Gpu, &cfg, "0000:61:00.0"),
+        numa_of(&no_numa, ResourceKind::Gpu, &gpus_on(), "0000:61:00.0"),
         None
     );
 }
@@ -150,7 +173,7 @@ fn visible_devices_are_uuids_when_the_driver_gave_them() {
     let mut inv = dgx().clone();
     let grant = ids(&["0000:1b:00.0", "0000:43:00.0"]);
     let env = |inv: &Inventory| {
-        allocate(ResourceKind::Gpu, inv, &Config::default(), None, &grant)
+        allocate(ResourceKind::Gpu, inv, &gpus_on(), None, &grant)
             .unwrap()
             .envs["NVIDIA_VISIBLE_DEVICES"]
             .clone()
@@ -234,12 +257,17 @@ fn allocate_two_hcas_exact_response() {
 
 #[test]
 fn allocate_never_hands_out_management_devices_or_dev_root_paths() {
-    for kind in ResourceKind::ALL {
-        let all: Vec<String> = advertised(kind, dgx(), &Config::default())
+    for (kind, cfg) in [
+        (ResourceKind::Hca, gpus_on()),
+        (ResourceKind::Gpu, gpus_on()),
+        (ResourceKind::GpuHca, pairs_on()),
+    ] {
+        let all: Vec<String> = advertised(kind, dgx(), &cfg)
             .into_iter()
             .map(|d| d.id)
             .collect();
-        let a = allocate(kind, dgx(), &Config::default(), None, &all).unwrap();
+        assert!(!all.is_empty(), "{kind:?}");
+        let a = allocate(kind, dgx(), &cfg, None, &all).unwrap();
         for d in &a.devices {
             assert!(d.host_path.starts_with("/dev/"), "{d:?}");
             assert_eq!(d.host_path, d.container_path);
@@ -333,7 +361,7 @@ fn unknown_ids_are_named() {
     let e = allocate(
         ResourceKind::Gpu,
         dgx(),
-        &Config::default(),
+        &gpus_on(),
         None,
         &ids(&["0000:1b:00.0", "0000:99:00.0"]),
     )
@@ -366,7 +394,7 @@ fn allocate_gpus() {
     let a = allocate(
         ResourceKind::Gpu,
         dgx(),
-        &Config::default(),
+        &gpus_on(),
         Some(106),
         &ids(&["0000:61:00.0", "0000:1b:00.0"]),
     )
@@ -398,7 +426,7 @@ fn allocate_pairs_hands_over_both_halves() {
     let a = allocate(
         ResourceKind::GpuHca,
         dgx(),
-        &Config::default(),
+        &pairs_on(),
         Some(106),
         &ids(&["0000:43:00.0_0000:40:00.0", "0000:1b:00.0_0000:18:00.0"]),
     )
@@ -464,6 +492,7 @@ fn preferred_keeps_to_one_numa_node_and_the_tightest_group() {
         "{got:?}"
     );
     // GPUs: four on one socket.
+    let cfg = gpus_on();
     let gpus: Vec<String> = advertised(ResourceKind::Gpu, dgx(), &cfg)
         .into_iter()
         .map(|d| d.id)
@@ -485,6 +514,7 @@ fn preferred_keeps_to_one_numa_node_and_the_tightest_group() {
             "0000:df:00.0"
         ]
     );
+    let cfg = pairs_on();
     let pairs: Vec<String> = advertised(ResourceKind::GpuHca, dgx(), &cfg)
         .into_iter()
         .map(|d| d.id)
@@ -494,6 +524,108 @@ fn preferred_keeps_to_one_numa_node_and_the_tightest_group() {
         got.iter()
             .all(|id| numa_of(dgx(), ResourceKind::GpuHca, &cfg, id) == Some(1)),
         "GPU 3 is alone on NUMA 0 among the available: {got:?}"
+    );
+}
+
+/// One device, one owner, on the DGX fixture (healthy and with a link down), for every set of
+/// enabled resources, with and without HCA sharing.
+#[test]
+fn no_device_is_advertised_by_two_resources() {
+    let down = inventory_of(&FixtureNode::variant("dgx-h100-link-down").unwrap());
+    for inv in [dgx(), &down] {
+        for bits in 0..8u8 {
+            let mut cfg = shared(if bits & 4 != 0 { 3 } else { 1 });
+            cfg.gpu.enabled = bits & 1 != 0;
+            cfg.gpu_hca.enabled = bits & 2 != 0;
+            let mut owner: BTreeMap<String, ResourceKind> = BTreeMap::new();
+            for kind in ResourceKind::enabled_kinds(&cfg) {
+                for d in advertised(kind, inv, &cfg) {
+                    for device in devices_behind(kind, &d.id) {
+                        let was = owner.insert(device.to_string(), kind);
+                        assert!(
+                            was.is_none_or(|w| w == kind),
+                            "config {bits:03b}: {device} under {was:?} and {kind:?}"
+                        );
+                    }
+                }
+            }
+            // Every HCA is served, rails by pairs; GPUs only when a GPU resource is on.
+            let hcas = inv.hcas.iter().filter(|h| owner.contains_key(&h.id));
+            assert_eq!(hcas.count(), 14, "config {bits:03b}");
+            let gpus = inv
+                .gpus
+                .iter()
+                .filter(|g| owner.contains_key(&g.pci_address));
+            assert_eq!(
+                gpus.count(),
+                if bits & 3 != 0 { 8 } else { 0 },
+                "{bits:03b}"
+            );
+        }
+    }
+}
+
+#[test]
+fn allocate_refuses_a_device_another_resource_owns() {
+    let mut cfg = pairs_on();
+    cfg.gpu.enabled = true;
+    // mlx5_0 is GPU 0's rail: rdma/gpu-hca's, not rdma/hca's.
+    let e = allocate(
+        ResourceKind::Hca,
+        dgx(),
+        &cfg,
+        None,
+        &ids(&["0000:18:00.0"]),
+    )
+    .unwrap_err();
+    assert_eq!(
+        e,
+        AllocateError::NotOwned {
+            resource: "rdma/hca".into(),
+            id: "0000:18:00.0".into(),
+            owner: "rdma/gpu-hca".into(),
+        }
+    );
+    assert_eq!(
+        e.to_string(),
+        "rdma/hca device id \"0000:18:00.0\": the device is served by rdma/gpu-hca, not rdma/hca"
+    );
+    // GPU 0 is in that pair too.
+    let e = allocate(
+        ResourceKind::Gpu,
+        dgx(),
+        &cfg,
+        None,
+        &ids(&["0000:1b:00.0"]),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("rdma/gpu-hca"), "{e}");
+    // A storage port is no GPU's rail: still rdma/hca's; and the preferred allocation never
+    // proposes a rail.
+    assert!(
+        allocate(
+            ResourceKind::Hca,
+            dgx(),
+            &cfg,
+            None,
+            &ids(&["0000:29:00.0"])
+        )
+        .is_ok()
+    );
+    let every_hca: Vec<String> = dgx().hcas.iter().map(|h| h.id.clone()).collect();
+    let got = preferred(ResourceKind::Hca, dgx(), &cfg, &every_hca, &[], 14);
+    assert_eq!(got.len(), 6, "{got:?}");
+    assert!(!got.contains(&"0000:18:00.0".to_string()), "{got:?}");
+    // With the pair resource off the same HCA is rdma/hca's again.
+    assert!(
+        allocate(
+            ResourceKind::Hca,
+            dgx(),
+            &gpus_on(),
+            None,
+            &ids(&["0000:18:00.0"])
+        )
+        .is_ok()
     );
 }
 

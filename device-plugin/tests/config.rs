@@ -18,9 +18,10 @@ fn defaults_for_everything() {
     assert_eq!(c.hca.resource_name, "rdma/hca");
     assert_eq!(c.hca.shared_replicas, 1);
     assert!(c.hca.selector.is_empty());
-    assert!(c.gpu.enabled);
+    // GPUs are NVIDIA's device plugin's by default, and so are the pairs that hand them out.
+    assert!(!c.gpu.enabled);
     assert_eq!(c.gpu.resource_name, "nvidia.com/gpu");
-    assert!(c.gpu_hca.enabled);
+    assert!(!c.gpu_hca.enabled);
     assert_eq!(c.gpu_hca.resource_name, "rdma/gpu-hca");
     assert_eq!(c.traffic_class, None);
     assert_eq!(c.qos_gate, QosGate::Auto);
@@ -50,6 +51,7 @@ gpu:
   enabled: false
   resourceName: example.com/gpu
 gpuHca:
+  enabled: true
   resourceName: example.com/rail
 trafficClass: 106
 qosGate: disabled
@@ -165,12 +167,35 @@ fn malformed_values_fail_to_parse_with_the_value() {
 
 #[test]
 fn resources_need_distinct_names() {
-    let e = err("gpuHca:\n  resourceName: rdma/hca\n");
+    let e = err("gpuHca:\n  enabled: true\n  resourceName: rdma/hca\n");
     assert!(e.contains("gpuHca.resourceName = \"rdma/hca\""), "{e}");
     assert!(e.contains("hca.resourceName"), "{e}");
     // A disabled resource does not claim its name.
     let c = Config::from_yaml("gpu:\n  enabled: false\n  resourceName: rdma/hca\n").unwrap();
     assert!(!c.gpu.enabled);
+    let c = Config::from_yaml("gpuHca:\n  resourceName: rdma/hca\n").unwrap();
+    assert!(!c.gpu_hca.enabled, "off by default, so its name is free");
+}
+
+/// Serving HCAs or pairs as `nvidia.com/gpu` would register a second plugin for NVIDIA's GPU
+/// resource: the two displace each other and pods asking for GPUs get HCAs.
+#[test]
+fn only_the_gpu_resource_may_be_called_nvidia_com_gpu() {
+    for (yaml, field) in [
+        ("hca:\n  resourceName: nvidia.com/gpu\n", "hca.resourceName"),
+        (
+            "gpuHca:\n  enabled: true\n  resourceName: nvidia.com/gpu\n",
+            "gpuHca.resourceName",
+        ),
+    ] {
+        let e = err(yaml);
+        assert!(e.contains(&format!("{field} = \"nvidia.com/gpu\"")), "{e}");
+        assert!(e.contains("NVIDIA's device plugin"), "{e}");
+    }
+    let c = Config::from_yaml("gpu:\n  enabled: true\n").unwrap();
+    assert_eq!(c.gpu.resource_name, "nvidia.com/gpu");
+    // A disabled pair resource does not register its name.
+    assert!(Config::from_yaml("gpuHca:\n  resourceName: nvidia.com/gpu\n").is_ok());
 }
 
 #[test]

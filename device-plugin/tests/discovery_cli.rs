@@ -75,6 +75,72 @@ fn json_output_has_the_documented_fields() {
     assert_eq!(pairs[1]["distance"], "PXB");
 }
 
+/// Each device names the resource `serve` lists it under with the config: by default `rdma/hca`
+/// for every HCA and none for GPUs; with `gpuHca` on, the rails and their GPUs are the pairs'.
+#[test]
+fn each_device_names_the_resource_that_serves_it() {
+    let v = json(&["discover", "--fixture", "dgx-h100", "-o", "json"]);
+    let resources = |v: &Value, list: &str| -> Vec<Value> {
+        v[list]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["resource"].clone())
+            .collect()
+    };
+    assert!(resources(&v, "hcas").iter().all(|r| r == "rdma/hca"));
+    assert!(resources(&v, "gpus").iter().all(Value::is_null));
+    assert!(resources(&v, "gpuHcaPairs").iter().all(Value::is_null));
+
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("config.yaml");
+    std::fs::write(&cfg, "gpu:\n  enabled: true\ngpuHca:\n  enabled: true\n").unwrap();
+    let cfg = cfg.to_str().unwrap();
+    let v = json(&[
+        "discover",
+        "--fixture",
+        "dgx-h100",
+        "--config",
+        cfg,
+        "-o",
+        "json",
+    ]);
+    let by_name: Vec<(&str, &str)> = v["hcas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| (h["name"].as_str().unwrap(), h["resource"].as_str().unwrap()))
+        .collect();
+    let pairs = by_name.iter().filter(|(_, r)| *r == "rdma/gpu-hca").count();
+    assert_eq!(pairs, 8, "the compute rails: {by_name:?}");
+    assert!(by_name.contains(&("mlx5_0", "rdma/gpu-hca")));
+    assert!(by_name.contains(&("mlx5_1", "rdma/hca")), "a storage port");
+    assert!(by_name.contains(&("irdma0", "rdma/hca")));
+    assert!(resources(&v, "gpus").iter().all(|r| r == "rdma/gpu-hca"));
+    assert!(
+        resources(&v, "gpuHcaPairs")
+            .iter()
+            .all(|r| r == "rdma/gpu-hca")
+    );
+
+    // The table shows it too.
+    let out = bin(&["discover", "--fixture", "dgx-h100", "--config", cfg]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    let row = |prefix: &str| {
+        text.lines()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("{prefix} in {text}"))
+            .split_whitespace()
+            .last()
+            .unwrap()
+            .to_string()
+    };
+    assert!(text.contains("RESOURCE"), "{text}");
+    assert_eq!(row("mlx5_0 "), "rdma/gpu-hca");
+    assert_eq!(row("mlx5_1 "), "rdma/hca");
+    assert_eq!(row("GPU0 "), "rdma/gpu-hca", "{text}");
+}
+
 #[test]
 fn json_reports_unknown_numa_and_down_ports_as_such() {
     let dir = fixtures::tempdir().unwrap();

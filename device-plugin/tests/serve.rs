@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use rocefabric_device_plugin::config::Config;
 use rocefabric_device_plugin::fabric_view::FabricView;
 use rocefabric_device_plugin::fixtures::{self, FixtureNode};
-use rocefabric_device_plugin::kubelet::emulator::{EmulatorError, KubeletEmulator};
+use rocefabric_device_plugin::kubelet::emulator::KubeletEmulator;
 use rocefabric_device_plugin::kubelet::pb;
 use serve_common::*;
 
@@ -37,7 +37,7 @@ fn numa_of(device: &pb::Device) -> Vec<i64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registers_each_resource_only_after_it_serves() {
     let node = Node::dgx();
-    let (kubelet, daemon) = start(&node, fast_config(), &ALL).await;
+    let (kubelet, daemon) = start(&node, all_config(), &ALL).await;
     let snapshot = kubelet.snapshot();
 
     // The emulator, like the kubelet, dials <dir>/<endpoint> while handling Register and refuses
@@ -77,7 +77,7 @@ async fn registers_each_resource_only_after_it_serves() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lists_every_device_with_its_numa_node() {
     let node = Node::dgx();
-    let (kubelet, daemon) = start(&node, fast_config(), &ALL).await;
+    let (kubelet, daemon) = start(&node, gpu_config(), &[HCA, GPU]).await;
     let snapshot = kubelet.snapshot();
 
     let hcas = snapshot.devices_of(HCA).expect("hca list");
@@ -103,7 +103,16 @@ async fn lists_every_device_with_its_numa_node() {
         numa_of(gpus.iter().find(|d| d.id == "0000:df:00.0").expect("gpu 7")),
         vec![1]
     );
+    daemon.stop().await.expect("clean stop");
+}
 
+/// With the pair resource on, each GPU's rail and the GPU are listed by the pair resource only:
+/// no device is listed by two resources.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pairs_own_their_gpus_and_rails() {
+    let node = Node::dgx();
+    let (kubelet, daemon) = start(&node, all_config(), &ALL).await;
+    let snapshot = kubelet.snapshot();
     let pairs = snapshot.devices_of(GPU_HCA).expect("pair list");
     assert_eq!(pairs.len(), 8);
     assert!(
@@ -111,13 +120,45 @@ async fn lists_every_device_with_its_numa_node() {
             .iter()
             .any(|d| d.id == "0000:1b:00.0_0000:18:00.0" && numa_of(d) == [0])
     );
+    let hcas = snapshot.devices_of(HCA).expect("hca list");
+    assert_eq!(hcas.len(), 6, "14 HCAs less the 8 rails: {:?}", ids(hcas));
+    for (pci, _, _, _) in COMPUTE_HCAS {
+        assert!(health_of(hcas, pci).is_none(), "rail {pci} under {HCA}");
+    }
+    let gpus = snapshot.devices_of(GPU).expect("gpu list");
+    assert!(gpus.is_empty(), "every GPU has a rail: {:?}", ids(gpus));
+    // Each physical device under one resource.
+    let mut owner = BTreeMap::new();
+    for resource in ALL {
+        for d in snapshot.devices_of(resource).unwrap_or_default() {
+            for device in d.id.split('_') {
+                let was = owner.insert(device.to_string(), resource);
+                assert!(
+                    was.is_none_or(|w| w == resource),
+                    "{device}: {was:?} and {resource}"
+                );
+            }
+        }
+    }
+    assert_eq!(owner.len(), 14 + 8, "every HCA and GPU is served once");
+    // Allocate refuses a rail through rdma/hca, naming it and its owner.
+    let message = invalid_argument(
+        kubelet
+            .allocate(HCA, &["0000:18:00.0"])
+            .await
+            .expect_err("refused"),
+    );
+    assert!(
+        message.contains("0000:18:00.0") && message.contains(GPU_HCA),
+        "{message}"
+    );
     daemon.stop().await.expect("clean stop");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn omits_topology_when_numa_is_unknown() {
     let node = Node::new(&FixtureNode::dgx_h100().with_gpu_numa("0000:61:00.0", None));
-    let (kubelet, daemon) = start(&node, fast_config(), &[GPU]).await;
+    let (kubelet, daemon) = start(&node, gpu_config(), &[GPU]).await;
     let gpus = kubelet
         .snapshot()
         .devices_of(GPU)
@@ -183,7 +224,7 @@ async fn allocate_two_hcas_returns_their_devices_and_exact_env() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allocate_gpu_hca_pair_gets_both_halves() {
     let node = Node::dgx();
-    let (kubelet, daemon) = start(&node, fast_config(), &[GPU_HCA]).await;
+    let (kubelet, daemon) = start(&node, pair_config(), &[GPU_HCA]).await;
     let response = kubelet
         .allocate(GPU_HCA, &["0000:1b:00.0_0000:18:00.0"])
         .await
@@ -213,19 +254,13 @@ async fn allocate_gpu_hca_pair_gets_both_halves() {
 async fn allocate_rejects_an_unknown_id_naming_it() {
     let node = Node::dgx();
     let (kubelet, daemon) = start(&node, fast_config(), &[HCA]).await;
-    let err = kubelet
-        .allocate(HCA, &["0000:18:00.0", "0000:99:00.0"])
-        .await
-        .expect_err("refused");
-    let EmulatorError::Rpc(status) = err else {
-        panic!("expected a gRPC error, got {err}")
-    };
-    assert_eq!(status.code(), tonic::Code::InvalidArgument);
-    assert!(
-        status.message().contains("0000:99:00.0"),
-        "{}",
-        status.message()
+    let message = invalid_argument(
+        kubelet
+            .allocate(HCA, &["0000:18:00.0", "0000:99:00.0"])
+            .await
+            .expect_err("refused"),
     );
+    assert!(message.contains("0000:99:00.0"), "{message}");
     daemon.stop().await.expect("clean stop");
 }
 
@@ -269,14 +304,15 @@ async fn preferred_allocation_stays_on_one_numa_node_and_skips_unhealthy() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn port_down_and_back_reaches_list_and_watch() {
     let node = Node::dgx();
-    let (kubelet, daemon) = start(&node, fast_config(), &[HCA, GPU_HCA]).await;
-    let pci = "0000:40:00.0"; // mlx5_3
-    let pair = "0000:43:00.0_0000:40:00.0";
+    let (kubelet, daemon) = start(&node, pair_config(), &[HCA, GPU_HCA]).await;
+    let pci = "0000:29:00.0"; // mlx5_1, a storage port: rdma/hca's
+    let pair = "0000:43:00.0_0000:40:00.0"; // mlx5_3 is GPU 1's rail
     assert_eq!(
         health_of(kubelet.snapshot().devices_of(HCA).unwrap_or_default(), pci),
         Some("Healthy")
     );
 
+    fixtures::set_port_state(&node.sysfs, "mlx5_1", 1, false).expect("link down");
     fixtures::set_port_state(&node.sysfs, "mlx5_3", 1, false).expect("link down");
     kubelet
         .wait_for_devices(HCA, WAIT, |d| health_of(d, pci) == Some("Unhealthy"))
@@ -291,9 +327,15 @@ async fn port_down_and_back_reaches_list_and_watch() {
     assert_eq!(
         hcas.iter().filter(|d| d.health == "Unhealthy").count(),
         1,
-        "only mlx5_3 is down"
+        "only mlx5_1 is down among rdma/hca's"
+    );
+    assert_eq!(
+        health_of(hcas, "0000:40:00.0"),
+        None,
+        "the rail stays the pair's while down"
     );
 
+    fixtures::set_port_state(&node.sysfs, "mlx5_1", 1, true).expect("link up");
     fixtures::set_port_state(&node.sysfs, "mlx5_3", 1, true).expect("link up");
     kubelet
         .wait_for_devices(HCA, WAIT, |d| health_of(d, pci) == Some("Healthy"))
@@ -328,7 +370,7 @@ async fn sends_a_list_only_when_something_changed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_device_gone_from_sysfs_stays_listed_unhealthy() {
     let node = Node::dgx();
-    let (kubelet, daemon) = start(&node, fast_config(), &[HCA, GPU]).await;
+    let (kubelet, daemon) = start(&node, gpu_config(), &[HCA, GPU]).await;
 
     fixtures::remove_rdma_device(&node.sysfs, "mlx5_4").expect("unregister mlx5_4");
     let hcas = kubelet
@@ -358,7 +400,7 @@ async fn a_device_gone_from_sysfs_stays_listed_unhealthy() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubelet_restart_makes_every_resource_register_again_promptly() {
     let node = Node::dgx();
-    let (mut kubelet, daemon) = start(&node, fast_config(), &ALL).await;
+    let (mut kubelet, daemon) = start(&node, all_config(), &ALL).await;
 
     let restarted = Instant::now();
     kubelet.restart().await.expect("kubelet restart");
@@ -382,19 +424,19 @@ async fn kubelet_restart_makes_every_resource_register_again_promptly() {
         elapsed < Duration::from_secs(2),
         "re-registration took {elapsed:?}"
     );
-    // The new kubelet sees the devices and can allocate.
+    // The new kubelet sees the devices and can allocate (a storage port: no GPU's rail).
     let response = kubelet
-        .allocate(HCA, &["0000:18:00.0"])
+        .allocate(HCA, &["0000:29:00.0"])
         .await
         .expect("allocate after restart");
-    assert_eq!(response.envs["NCCL_IB_HCA"], "=mlx5_0:1");
+    assert_eq!(response.envs["NCCL_IB_HCA"], "=mlx5_1:1");
     daemon.stop().await.expect("clean stop");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_socket_of_ours_is_served_again() {
     let node = Node::dgx();
-    let (kubelet, daemon) = start(&node, fast_config(), &ALL).await;
+    let (kubelet, daemon) = start(&node, all_config(), &ALL).await;
     let socket = node.plugin_dir.join("rocefabric-rdma_hca.sock");
     std::fs::remove_file(&socket).expect("delete socket");
     kubelet
@@ -408,7 +450,7 @@ async fn a_deleted_socket_of_ours_is_served_again() {
         .await
         .expect("registered again");
     assert!(socket.exists());
-    assert!(kubelet.allocate(HCA, &["0000:18:00.0"]).await.is_ok());
+    assert!(kubelet.allocate(HCA, &["0000:29:00.0"]).await.is_ok());
     daemon.stop().await.expect("clean stop");
 }
 
@@ -429,7 +471,7 @@ async fn plugin_restart_replaces_its_stale_sockets() {
         "stale: nobody answers"
     );
 
-    let (kubelet, daemon) = start(&node, fast_config(), &ALL).await;
+    let (kubelet, daemon) = start(&node, all_config(), &ALL).await;
     assert!(
         kubelet
             .snapshot()
@@ -447,21 +489,21 @@ async fn plugin_restart_replaces_its_stale_sockets() {
     // Stop and start again (a plugin restart): the new run registers again and serves.
     daemon.stop().await.expect("clean stop");
     assert!(!stale.exists(), "shutdown removes our sockets");
-    let daemon = Daemon::start(node.options(fast_config()));
+    let daemon = Daemon::start(node.options(all_config()));
     kubelet
         .wait_until(WAIT, |s| {
             s.registrations.iter().filter(|r| r.accepted()).count() == 6
         })
         .await
         .expect("second run registered all three");
-    assert!(kubelet.allocate(HCA, &["0000:18:00.0"]).await.is_ok());
+    assert!(kubelet.allocate(HCA, &["0000:29:00.0"]).await.is_ok());
     daemon.stop().await.expect("clean stop");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registration_is_retried_until_the_kubelet_appears() {
     let node = Node::dgx();
-    let daemon = Daemon::start(node.options(fast_config()));
+    let daemon = Daemon::start(node.options(all_config()));
     // Give the daemon time to fail at least once against the missing kubelet.sock.
     tokio::time::sleep(Duration::from_millis(150)).await;
     let kubelet = KubeletEmulator::start(&node.plugin_dir)
@@ -492,11 +534,11 @@ async fn qos_gate_reports_hcas_without_applied_qos_unhealthy() {
     };
     let config = Config {
         traffic_class: Some(106),
-        ..fast_config()
+        ..gpu_config()
     };
     let daemon = Daemon::start_with_view(node.options(config), view);
     kubelet
-        .wait_for_resources(&ALL, WAIT)
+        .wait_for_resources(&[HCA, GPU], WAIT)
         .await
         .expect("registered");
 
@@ -508,15 +550,6 @@ async fn qos_gate_reports_hcas_without_applied_qos_unhealthy() {
         .map(|d| d.id.as_str())
         .collect();
     assert_eq!(healthy, ["0000:18:00.0", "0000:40:00.0"]);
-    let pairs = snapshot.devices_of(GPU_HCA).unwrap_or_default();
-    assert_eq!(
-        health_of(pairs, "0000:1b:00.0_0000:18:00.0"),
-        Some("Healthy")
-    );
-    assert_eq!(
-        health_of(pairs, "0000:52:00.0_0000:4f:00.0"),
-        Some("Unhealthy")
-    );
     // GPUs alone are not gated.
     let gpus = snapshot.devices_of(GPU).unwrap_or_default();
     assert!(gpus.iter().all(|d| d.health == "Healthy"));
@@ -541,11 +574,41 @@ async fn qos_gate_reports_hcas_without_applied_qos_unhealthy() {
     daemon.stop().await.expect("clean stop");
 }
 
+/// A pair is gated by its HCA: Unhealthy until QoS is applied on the rail's netdev.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qos_gate_reports_pairs_without_applied_qos_unhealthy() {
+    let node = Node::dgx();
+    let kubelet = KubeletEmulator::start(&node.plugin_dir)
+        .await
+        .expect("emulator");
+    let view = FabricView {
+        traffic_class: Some(98),
+        qos_ready: Some(["enp24s0np0".to_string()].into_iter().collect()),
+        fabric_nics: None,
+    };
+    let daemon = Daemon::start_with_view(node.options(pair_config()), view);
+    let snapshot = kubelet
+        .wait_for_resources(&[HCA, GPU_HCA], WAIT)
+        .await
+        .expect("registered");
+    let pairs = snapshot.devices_of(GPU_HCA).unwrap_or_default();
+    assert_eq!(
+        health_of(pairs, "0000:1b:00.0_0000:18:00.0"),
+        Some("Healthy")
+    );
+    assert_eq!(
+        health_of(pairs, "0000:52:00.0_0000:4f:00.0"),
+        Some("Unhealthy")
+    );
+    daemon.stop().await.expect("clean stop");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn config_renames_and_disables_resources() {
     let node = Node::dgx();
     let mut config = fast_config();
     config.gpu.enabled = false;
+    config.gpu_hca.enabled = true;
     config.gpu_hca.resource_name = "example.com/rail".into();
     let (kubelet, daemon) = start(&node, config, &[HCA, "example.com/rail"]).await;
     let registered: Vec<String> = kubelet
@@ -572,11 +635,15 @@ async fn config_renames_and_disables_resources() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_without_rdma_still_registers_with_no_hcas() {
     let node = Node::new(&FixtureNode::dgx_h100().without_rdma());
-    let (kubelet, daemon) = start(&node, fast_config(), &ALL).await;
+    let (kubelet, daemon) = start(&node, all_config(), &ALL).await;
     let snapshot = kubelet.snapshot();
     assert_eq!(snapshot.devices_of(HCA).map(<[_]>::len), Some(0));
     assert_eq!(snapshot.devices_of(GPU_HCA).map(<[_]>::len), Some(0));
-    assert_eq!(snapshot.devices_of(GPU).map(<[_]>::len), Some(8));
+    assert_eq!(
+        snapshot.devices_of(GPU).map(<[_]>::len),
+        Some(8),
+        "no HCA, no rail: every GPU is the GPU resource's"
+    );
     daemon.stop().await.expect("clean stop");
 }
 
@@ -599,7 +666,7 @@ async fn metrics_count_devices_registrations_allocations_and_restarts() {
     let mut kubelet = KubeletEmulator::start(&node.plugin_dir)
         .await
         .expect("emulator");
-    options.config.gpu.enabled = false;
+    options.config.gpu_hca.enabled = true;
     let daemon = Daemon::start(options);
     kubelet
         .wait_for_resources(&[HCA, GPU_HCA], WAIT)
@@ -607,20 +674,32 @@ async fn metrics_count_devices_registrations_allocations_and_restarts() {
         .expect("registered");
 
     kubelet
-        .allocate(HCA, &["0000:18:00.0"])
+        .allocate(HCA, &["0000:29:00.0"])
         .await
         .expect("allocate");
     kubelet
         .allocate(HCA, &["0000:99:00.0"])
         .await
         .expect_err("unknown");
+    kubelet
+        .allocate(HCA, &["0000:18:00.0"])
+        .await
+        .expect_err("a rail is the pair resource's");
+    // A storage port (rdma/hca's) and a rail (its pair's) go down.
+    fixtures::set_port_state(&node.sysfs, "mlx5_1", 1, false).expect("link down");
     fixtures::set_port_state(&node.sysfs, "mlx5_0", 1, false).expect("link down");
     kubelet
         .wait_for_devices(HCA, WAIT, |d| {
-            health_of(d, "0000:18:00.0") == Some("Unhealthy")
+            health_of(d, "0000:29:00.0") == Some("Unhealthy")
         })
         .await
         .expect("down");
+    kubelet
+        .wait_for_devices(GPU_HCA, WAIT, |d| {
+            health_of(d, "0000:1b:00.0_0000:18:00.0") == Some("Unhealthy")
+        })
+        .await
+        .expect("pair down");
     kubelet.restart().await.expect("kubelet restart");
     kubelet
         .wait_for_resources(&[HCA, GPU_HCA], WAIT)
@@ -630,11 +709,12 @@ async fn metrics_count_devices_registrations_allocations_and_restarts() {
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
     for line in [
-        r#"rocefabric_device_plugin_devices{resource="rdma/hca",health="Healthy"} 13"#,
+        r#"rocefabric_device_plugin_devices{resource="rdma/hca",health="Healthy"} 5"#,
         r#"rocefabric_device_plugin_devices{resource="rdma/hca",health="Unhealthy"} 1"#,
         r#"rocefabric_device_plugin_devices{resource="rdma/gpu-hca",health="Healthy"} 7"#,
         r#"rocefabric_device_plugin_allocations_total{resource="rdma/hca",result="success"} 1"#,
         r#"rocefabric_device_plugin_allocations_total{resource="rdma/hca",result="unknown_device"} 1"#,
+        r#"rocefabric_device_plugin_allocations_total{resource="rdma/hca",result="not_owned"} 1"#,
         "rocefabric_device_plugin_kubelet_restarts_total 1",
     ] {
         assert!(
@@ -684,7 +764,7 @@ async fn a_registered_daemon_does_not_exit() {
         .expect("emulator");
     let daemon = Daemon::start(options);
     kubelet
-        .wait_for_resources(&ALL, WAIT)
+        .wait_for_resources(&[HCA], WAIT)
         .await
         .expect("registered");
     tokio::time::sleep(Duration::from_millis(800)).await;
@@ -697,7 +777,7 @@ async fn a_registered_daemon_does_not_exit() {
 async fn a_gpu_without_its_device_node_is_unhealthy() {
     let node = Node::dgx();
     std::fs::remove_file(node.dev.join("nvidia2")).expect("remove nvidia2");
-    let (kubelet, daemon) = start(&node, fast_config(), &[GPU]).await;
+    let (kubelet, daemon) = start(&node, gpu_config(), &[GPU]).await;
     let gpus = kubelet
         .snapshot()
         .devices_of(GPU)
@@ -723,7 +803,7 @@ async fn exits_when_the_plugin_directory_is_gone() {
     let kubelet = KubeletEmulator::start(&node.plugin_dir)
         .await
         .expect("emulator");
-    let mut options = node.options(fast_config());
+    let mut options = node.options(all_config());
     options.liveness_interval = Duration::from_millis(50);
     options.exit_after_unregistered = Some(Duration::from_millis(500));
     let daemon = Daemon::start(options);

@@ -192,7 +192,11 @@ async fn the_binary_registers_serves_and_cleans_up_on_sigterm() {
     let plugin_dir = dir.path().join("plugins");
     let kubelet = KubeletEmulator::start(&plugin_dir).await.expect("emulator");
     let config = dir.path().join("config.yaml");
-    std::fs::write(&config, "pollInterval: 50ms\ntrafficClass: 106\n").expect("config");
+    std::fs::write(
+        &config,
+        "pollInterval: 50ms\ntrafficClass: 106\ngpu:\n  enabled: true\n",
+    )
+    .expect("config");
 
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -210,7 +214,7 @@ async fn the_binary_registers_serves_and_cleans_up_on_sigterm() {
         .stderr(Stdio::null());
     let mut daemon = Daemon(cmd.spawn().expect("spawn serve"));
 
-    let resources = ["rdma/hca", "nvidia.com/gpu", "rdma/gpu-hca"];
+    let resources = ["rdma/hca", "nvidia.com/gpu"];
     kubelet
         .wait_for_resources(&resources, WAIT)
         .await

@@ -188,7 +188,10 @@ pub fn prepare_node(cluster: &LocalCluster) -> Result<FixtureNode, String> {
 /// fails (no driver behind), but the runtime creates them in the container as it would on a node.
 fn make_device_nodes(sys: &Path, dev: &Path) -> Result<(), String> {
     let inv = inventory::discover(sys, &NicSelector::default()).map_err(|e| e.to_string())?;
-    let config = Config::default();
+    // With `gpu` on and `gpuHca` off, every HCA and every GPU is some resource's: all the nodes any
+    // configuration can hand out.
+    let mut config = Config::default();
+    config.gpu.enabled = true;
     let mut paths = Vec::new();
     for kind in [ResourceKind::Hca, ResourceKind::Gpu, ResourceKind::GpuHca] {
         let all: Vec<String> = allocation::advertised(kind, &inv, &config)

@@ -870,8 +870,8 @@ fn node_config_from_values_is_accepted_by_the_daemon() {
             "pollInterval": "500ms",
             "hca": {"resourceName": "example.com/roce", "sharedReplicas": 4,
                     "selector": {"vendors": ["15b3"], "deviceIds": ["1021"]}},
-            "gpu": {"enabled": false},
-            "gpuHca": {"resourceName": "example.com/rail"},
+            "gpu": {"enabled": true},
+            "gpuHca": {"enabled": true, "resourceName": "example.com/rail"},
             "qosGate": "enabled"
         }}}),
     );
@@ -880,7 +880,8 @@ fn node_config_from_values_is_accepted_by_the_daemon() {
     assert_eq!(config.hca.resource_name, "example.com/roce");
     assert_eq!(config.hca.shared_replicas, 4);
     assert_eq!(config.hca.selector.vendors, ["15b3"]);
-    assert!(!config.gpu.enabled);
+    assert!(config.gpu.enabled);
+    assert!(config.gpu_hca.enabled);
     assert_eq!(config.gpu_hca.resource_name, "example.com/rail");
     assert_eq!(
         config.qos_gate,

@@ -41,6 +41,27 @@ const DGX_HCAS: [(&str, &str, i64); 14] = [
     ("0000:dc:00.0", "mlx5_11", 1),
 ];
 
+/// The compute ConnectX-7 of [`DGX_HCAS`]: each is one GPU's rail (PXB), so with `gpuHca` on the
+/// pair resource owns it and `rdma/hca` does not list it.
+const DGX_RAILS: [&str; 8] = [
+    "0000:18:00.0",
+    "0000:40:00.0",
+    "0000:4f:00.0",
+    "0000:5e:00.0",
+    "0000:9a:00.0",
+    "0000:c0:00.0",
+    "0000:ce:00.0",
+    "0000:dc:00.0",
+];
+
+/// The daemon's config in every test: a fast poll and the fabric's traffic class; the resources
+/// are the defaults (`rdma/hca` only) unless a test adds one of the blocks below.
+const BASE_CONFIG: &str = "pollInterval: 100ms\ntrafficClass: 106\n";
+/// GPUs served by rocefabric (NVIDIA's plugin kept off the node), every HCA under `rdma/hca`.
+const WITH_GPUS: &str = "gpu:\n  enabled: true\n";
+/// All three resources: the rails and their GPUs served as pairs only.
+const WITH_PAIRS: &str = "gpu:\n  enabled: true\ngpuHca:\n  enabled: true\n";
+
 /// The eight H100 GPUs, in index order, with their NUMA node.
 const DGX_GPUS: [(&str, i64); 8] = [
     ("0000:1b:00.0", 0),
@@ -58,6 +79,8 @@ struct Node {
     _tmp: tempfile::TempDir,
     sysfs: PathBuf,
     plugin_dir: PathBuf,
+    /// The resources the config serves.
+    resources: Vec<&'static str>,
     args: Vec<String>,
     log: PathBuf,
     kubelet: KubeletEmulator,
@@ -65,7 +88,8 @@ struct Node {
 }
 
 impl Node {
-    async fn start() -> Node {
+    /// The daemon with [`BASE_CONFIG`] plus `extra`, expected to serve `resources`.
+    async fn start(extra: &str, resources: &[&'static str]) -> Node {
         let tmp = tempfile::tempdir().expect("temp dir");
         let sysfs = tmp.path().join("sys");
         FixtureNode::dgx_h100()
@@ -75,7 +99,7 @@ impl Node {
         // uverbs0/1 are the irdma devices, mlx5_k has uverbs(k+2): 14 in all; 8 GPUs.
         fixtures::write_dev_nodes(&FixtureNode::dgx_h100(), &dev).expect("fake /dev");
         let config = tmp.path().join("config.yaml");
-        std::fs::write(&config, "pollInterval: 100ms\ntrafficClass: 106\n").expect("config");
+        std::fs::write(&config, format!("{BASE_CONFIG}{extra}")).expect("config");
         let plugin_dir = tmp.path().join("device-plugins");
         let kubelet = KubeletEmulator::start(&plugin_dir)
             .await
@@ -94,6 +118,7 @@ impl Node {
             _tmp: tmp,
             sysfs,
             plugin_dir,
+            resources: resources.to_vec(),
             args,
             log,
             kubelet,
@@ -113,12 +138,9 @@ impl Node {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    /// Wait until all three resources are registered (current kubelet run) with device lists.
+    /// Wait until the config's resources are registered (current kubelet run) with device lists.
     async fn registered(&mut self) -> pb_snapshot::Snapshot {
-        let result = self
-            .kubelet
-            .wait_for_resources(&[HCA, GPU, PAIR], WAIT)
-            .await;
+        let result = self.kubelet.wait_for_resources(&self.resources, WAIT).await;
         let running = self.daemon.as_mut().is_some_and(DaemonProcess::running);
         result.unwrap_or_else(|e| {
             panic!(
@@ -161,6 +183,24 @@ fn numa_of(device: &pb::Device) -> Vec<i64> {
         .unwrap_or_default()
 }
 
+/// A device list as `{id: (health, NUMA nodes)}`.
+fn by_id(devices: &[pb::Device]) -> BTreeMap<&str, (&str, Vec<i64>)> {
+    devices
+        .iter()
+        .map(|d| (d.id.as_str(), (d.health.as_str(), numa_of(d))))
+        .collect()
+}
+
+/// What [`by_id`] gives for `(id, NUMA node)` devices that are all Healthy.
+fn healthy<'a>(
+    devices: impl IntoIterator<Item = (&'a str, i64)>,
+) -> BTreeMap<&'a str, (&'static str, Vec<i64>)> {
+    devices
+        .into_iter()
+        .map(|(id, numa)| (id, ("Healthy", vec![numa])))
+        .collect()
+}
+
 fn device_paths(response: &pb::ContainerAllocateResponse) -> BTreeSet<String> {
     for d in &response.devices {
         assert_eq!(
@@ -180,9 +220,27 @@ fn set(items: &[&str]) -> BTreeSet<String> {
     items.iter().map(|s| s.to_string()).collect()
 }
 
+/// The default config: `rdma/hca` over every HCA, GPUs left to NVIDIA's device plugin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn by_default_only_rdma_hca_is_served_over_every_hca() {
+    let mut node = Node::start("", &[HCA]).await;
+    let snapshot = node.registered().await;
+    let registered: BTreeSet<&str> = snapshot.registered().keys().copied().collect();
+    assert_eq!(
+        registered,
+        BTreeSet::from([HCA]),
+        "nvidia.com/gpu is NVIDIA's"
+    );
+    // rdma/hca: every RoCE HCA of the node, by PCI address, Healthy, on its NUMA node.
+    let hcas = snapshot.devices_of(HCA).expect("HCA list");
+    let got = by_id(hcas);
+    let want = healthy(DGX_HCAS.iter().map(|(pci, _, numa)| (*pci, *numa)));
+    assert_eq!(got, want, "rdma/hca devices");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn daemon_registers_every_resource_after_serving_it() {
-    let mut node = Node::start().await;
+    let mut node = Node::start(WITH_PAIRS, &[HCA, GPU, PAIR]).await;
     let snapshot = node.registered().await;
 
     // Every Register was accepted: the emulator dials the endpoint first and refuses a plugin that
@@ -222,39 +280,74 @@ async fn daemon_registers_every_resource_after_serving_it() {
         .collect();
     assert_eq!(endpoints.len(), 3, "one socket per resource: {endpoints:?}");
 
-    // rdma/hca: every RoCE HCA of the node, by PCI address, Healthy, on its NUMA node.
-    let hcas = snapshot.devices_of(HCA).expect("HCA list");
-    let got: BTreeMap<&str, (&str, Vec<i64>)> = hcas
-        .iter()
-        .map(|d| (d.id.as_str(), (d.health.as_str(), numa_of(d))))
-        .collect();
-    let want: BTreeMap<&str, (&str, Vec<i64>)> = DGX_HCAS
-        .iter()
-        .map(|(pci, _, numa)| (*pci, ("Healthy", vec![*numa])))
-        .collect();
-    assert_eq!(got, want, "rdma/hca devices");
-
-    let gpus = snapshot.devices_of(GPU).expect("GPU list");
-    let got: BTreeMap<&str, (&str, Vec<i64>)> = gpus
-        .iter()
-        .map(|d| (d.id.as_str(), (d.health.as_str(), numa_of(d))))
-        .collect();
-    let want: BTreeMap<&str, (&str, Vec<i64>)> = DGX_GPUS
-        .iter()
-        .map(|(pci, numa)| (*pci, ("Healthy", vec![*numa])))
-        .collect();
-    assert_eq!(got, want, "nvidia.com/gpu devices");
-
-    // rdma/gpu-hca: one device per GPU (each compute GPU has its PXB rail NIC).
+    // One device, one owner. rdma/gpu-hca: one device per GPU (each compute GPU has its PXB rail
+    // NIC), owning the GPU and the rail.
     let pairs = snapshot.devices_of(PAIR).expect("pair list");
     assert_eq!(pairs.len(), 8, "rdma/gpu-hca devices: {pairs:?}");
     assert!(pairs.iter().all(|d| d.health == "Healthy"));
+    let rails: BTreeSet<&str> = pairs
+        .iter()
+        .filter_map(|d| d.id.split_once('_').map(|(_, hca)| hca))
+        .collect();
+    assert_eq!(rails, DGX_RAILS.into_iter().collect());
+    // rdma/hca: the HCAs that are no GPU's rail, by PCI address, Healthy, on their NUMA node.
+    let hcas = snapshot.devices_of(HCA).expect("HCA list");
+    let got = by_id(hcas);
+    let want = healthy(
+        DGX_HCAS
+            .iter()
+            .filter(|(pci, _, _)| !DGX_RAILS.contains(pci))
+            .map(|(pci, _, numa)| (*pci, *numa)),
+    );
+    assert_eq!(got, want, "rdma/hca devices");
+    // nvidia.com/gpu: registered, but every GPU has a rail and so belongs to a pair.
+    let gpus = snapshot.devices_of(GPU).expect("GPU list");
+    assert!(gpus.is_empty(), "nvidia.com/gpu devices: {gpus:?}");
+
+    // A rail pair: the GPU and its PXB NIC together.
+    let gpu0 = pairs
+        .iter()
+        .find(|d| d.id.contains("1b:00.0"))
+        .expect("a pair device for GPU 0");
+    let pair = node
+        .kubelet
+        .allocate(PAIR, &[gpu0.id.as_str()])
+        .await
+        .expect("allocate pair");
+    let paths = device_paths(&pair);
+    for p in [
+        "/dev/nvidia0",
+        "/dev/infiniband/uverbs2",
+        "/dev/infiniband/rdma_cm",
+    ] {
+        assert!(paths.contains(p), "pair grant lacks {p}: {paths:?}");
+    }
+    assert_eq!(
+        pair.envs.get("NCCL_IB_HCA").map(String::as_str),
+        Some("=mlx5_0:1")
+    );
+
+    // The rail is the pair's: rdma/hca refuses it, naming the ID and the owner.
+    let refused = node
+        .kubelet
+        .allocate(HCA, &["0000:18:00.0"])
+        .await
+        .expect_err("a rail HCA is not rdma/hca's");
+    let text = refused.to_string();
+    assert!(
+        text.contains("0000:18:00.0") && text.contains(PAIR),
+        "{text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allocation_hands_over_device_nodes_and_the_workload_environment() {
-    let mut node = Node::start().await;
-    node.registered().await;
+    let mut node = Node::start(WITH_GPUS, &[HCA, GPU]).await;
+    let snapshot = node.registered().await;
+    let gpus = snapshot.devices_of(GPU).expect("GPU list");
+    let got = by_id(gpus);
+    let want = healthy(DGX_GPUS.iter().copied());
+    assert_eq!(got, want, "nvidia.com/gpu devices (gpuHca off: every GPU)");
 
     // Two compute rails: mlx5_0 (uverbs2) and mlx5_3 (uverbs5).
     let hca = node
@@ -323,42 +416,13 @@ async fn allocation_hands_over_device_nodes_and_the_workload_environment() {
         .collect();
     assert_eq!(numa.len(), 1, "preferred {preferred:?} spans NUMA nodes");
 
-    // A rail pair: the GPU and its PXB NIC together.
-    let pairs = node
-        .kubelet
-        .snapshot()
-        .devices_of(PAIR)
-        .map(<[_]>::to_vec)
-        .unwrap_or_default();
-    let gpu0 = pairs
-        .iter()
-        .find(|d| d.id.contains("1b:00.0"))
-        .expect("a pair device for GPU 0");
-    let pair = node
-        .kubelet
-        .allocate(PAIR, &[gpu0.id.as_str()])
-        .await
-        .expect("allocate pair");
-    let paths = device_paths(&pair);
-    for p in [
-        "/dev/nvidia0",
-        "/dev/infiniband/uverbs2",
-        "/dev/infiniband/rdma_cm",
-    ] {
-        assert!(paths.contains(p), "pair grant lacks {p}: {paths:?}");
-    }
-    assert_eq!(
-        pair.envs.get("NCCL_IB_HCA").map(String::as_str),
-        Some("=mlx5_0:1")
-    );
-
     // An ID the daemon never advertised is refused, not silently granted.
     assert!(node.kubelet.allocate(HCA, &["0000:ff:00.0"]).await.is_err());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_port_going_down_and_coming_back_reaches_list_and_watch() {
-    let mut node = Node::start().await;
+    let mut node = Node::start("", &[HCA]).await;
     node.registered().await;
     let (pci, ibdev) = ("0000:40:00.0", "mlx5_3");
 
@@ -396,7 +460,7 @@ async fn a_port_going_down_and_coming_back_reaches_list_and_watch() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubelet_restart_and_daemon_restart_re_register() {
-    let mut node = Node::start().await;
+    let mut node = Node::start(WITH_PAIRS, &[HCA, GPU, PAIR]).await;
     node.registered().await;
 
     // Kubelet restart: every socket in the directory is deleted and kubelet.sock recreated.
@@ -412,7 +476,7 @@ async fn kubelet_restart_and_daemon_restart_re_register() {
     );
     assert_eq!(
         snapshot.devices_of(HCA).map(<[_]>::len),
-        Some(DGX_HCAS.len())
+        Some(DGX_HCAS.len() - DGX_RAILS.len())
     );
     println!("re-registered 3 resources {took:?} after the kubelet restart");
 
@@ -441,14 +505,15 @@ async fn kubelet_restart_and_daemon_restart_re_register() {
         .map(|r| r.request.resource_name.as_str())
         .collect();
     assert_eq!(again, BTreeSet::from([GPU, HCA, PAIR]));
+    // A storage port: no GPU's rail, so rdma/hca's.
     let hca = node
         .kubelet
-        .allocate(HCA, &["0000:18:00.0"])
+        .allocate(HCA, &["0000:29:00.0"])
         .await
         .expect("allocate after restart");
     assert_eq!(
         hca.envs.get("NCCL_IB_HCA").map(String::as_str),
-        Some("=mlx5_0:1")
+        Some("=mlx5_1:1")
     );
 }
 

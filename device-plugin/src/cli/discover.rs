@@ -1,6 +1,7 @@
 //! `rocefabric-device-plugin discover`: print what discovery finds on this node (or in a sysfs
 //! tree, or in a built-in fixture): the RoCE HCAs, the GPUs and the GPU x HCA PCIe distance
-//! matrix in the classes `nvidia-smi topo -m` uses.
+//! matrix in the classes `nvidia-smi topo -m` uses, and which resource `serve` would list each
+//! device under with the given config (see [`crate::ownership`]).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -10,10 +11,12 @@ use anyhow::Context as _;
 use clap::builder::PossibleValuesParser;
 use serde::Serialize;
 
+use crate::allocation::ResourceKind;
 use crate::config::Config;
 use crate::fixtures::{self, FixtureNode};
 use crate::inventory;
 use crate::model::{Distance, Gpu, Hca, Inventory, PortState};
+use crate::ownership::Partition;
 use crate::topology;
 
 /// Output format.
@@ -21,7 +24,8 @@ use crate::topology;
 pub enum Output {
     /// HCA and GPU lists and a GPU x HCA matrix like `nvidia-smi topo -m`.
     Table,
-    /// `{hcas: [...], gpus: [...], topology: {gpuPciAddress: {hcaId: "PXB"}}, gpuHcaPairs}`.
+    /// `{hcas: [...], gpus: [...], topology: {gpuPciAddress: {hcaId: "PXB"}}, gpuHcaPairs}`; each
+    /// HCA, GPU and pair names the `resource` serving it under the config (`null`: none).
     Json,
 }
 
@@ -31,7 +35,8 @@ pub struct Args {
     /// Root of the sysfs tree to read.
     #[arg(long, value_name = "DIR", default_value = "/sys")]
     pub sysfs_root: PathBuf,
-    /// Device plugin config file (at most 1 MiB); its `hca.selector` narrows the HCAs shown.
+    /// Device plugin config file (at most 1 MiB); its `hca.selector` narrows the HCAs shown, and
+    /// the resource column follows its `gpu`, `gpuHca` and `softRoce` settings.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Output format.
@@ -80,11 +85,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let text = match args.output {
         Output::Json => {
-            let mut s = serde_json::to_string_pretty(&Report::new(&inv))?;
+            let mut s = serde_json::to_string_pretty(&Report::new(&inv, &config))?;
             s.push('\n');
             s
         }
-        Output::Table => table(&inv),
+        Output::Table => table(&inv, &config),
     };
     print!("{text}");
     Ok(())
@@ -100,6 +105,34 @@ pub struct Report {
     pub topology: BTreeMap<String, BTreeMap<String, Distance>>,
     /// The `rdma/gpu-hca` rails: each GPU with its closest PIX/PXB HCA.
     pub gpu_hca_pairs: Vec<PairView>,
+}
+
+/// Which resource serves each device under a config, as `serve` would list it.
+struct Served {
+    /// Device (HCA ID or GPU PCI address) -> resource name.
+    owners: BTreeMap<String, String>,
+    pairs: Option<String>,
+}
+
+impl Served {
+    fn new(inv: &Inventory, cfg: &Config) -> Served {
+        // What `serve` advertises: virtual HCAs only with `softRoce: include`.
+        let mut served = inv.clone();
+        cfg.soft_roce.apply(&mut served);
+        let owners = Partition::new(&served, cfg)
+            .owners()
+            .into_iter()
+            .map(|(device, kind)| (device, kind.resource_name(cfg).to_string()))
+            .collect();
+        let pairs = ResourceKind::GpuHca
+            .enabled(cfg)
+            .then(|| cfg.gpu_hca.resource_name.clone());
+        Served { owners, pairs }
+    }
+
+    fn of(&self, device: &str) -> Option<String> {
+        self.owners.get(device).cloned()
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -127,6 +160,8 @@ pub struct HcaView {
     pub pci_path: Option<String>,
     /// The device's realpath under the sysfs root (its PCI function, or `/devices/virtual/...`).
     pub device_path: String,
+    /// The resource `serve` lists it under with this config; `None`: not served.
+    pub resource: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -138,6 +173,9 @@ pub struct GpuView {
     pub numa_node: Option<u32>,
     pub health: &'static str,
     pub pci_path: String,
+    /// The resource `serve` lists it under with this config; `None`: not served (GPUs are left
+    /// to NVIDIA's device plugin unless `gpu` or `gpuHca` is enabled).
+    pub resource: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -148,13 +186,16 @@ pub struct PairView {
     pub hca_pci_address: String,
     pub rdma_device: String,
     pub distance: Distance,
+    /// The pair resource when `gpuHca` is enabled; `None`: the pair is not served.
+    pub resource: Option<String>,
 }
 
 impl Report {
-    pub fn new(inv: &Inventory) -> Report {
+    pub fn new(inv: &Inventory, cfg: &Config) -> Report {
+        let served = Served::new(inv, cfg);
         Report {
-            hcas: inv.hcas.iter().map(hca_view).collect(),
-            gpus: inv.gpus.iter().map(gpu_view).collect(),
+            hcas: inv.hcas.iter().map(|h| hca_view(h, &served)).collect(),
+            gpus: inv.gpus.iter().map(|g| gpu_view(g, &served)).collect(),
             topology: topology::matrix(inv),
             gpu_hca_pairs: topology::gpu_hca_pairs(inv)
                 .into_iter()
@@ -165,13 +206,14 @@ impl Report {
                     hca_pci_address: h.id.clone(),
                     rdma_device: h.name.clone(),
                     distance: d,
+                    resource: served.pairs.clone(),
                 })
                 .collect(),
         }
     }
 }
 
-fn hca_view(h: &Hca) -> HcaView {
+fn hca_view(h: &Hca, served: &Served) -> HcaView {
     HcaView {
         id: h.id.clone(),
         name: h.name.clone(),
@@ -188,10 +230,11 @@ fn hca_view(h: &Hca) -> HcaView {
         health: h.health.as_str(),
         pci_path: h.pci_address.as_ref().map(|_| h.device_path.clone()),
         device_path: h.device_path.clone(),
+        resource: served.of(&h.id),
     }
 }
 
-fn gpu_view(g: &Gpu) -> GpuView {
+fn gpu_view(g: &Gpu, served: &Served) -> GpuView {
     GpuView {
         pci_address: g.pci_address.clone(),
         index: g.index,
@@ -199,6 +242,7 @@ fn gpu_view(g: &Gpu) -> GpuView {
         numa_node: g.numa_node,
         health: g.health.as_str(),
         pci_path: g.pci_path.clone(),
+        resource: served.of(&g.pci_address),
     }
 }
 
@@ -254,8 +298,11 @@ fn columns(rows: &[Vec<String>]) -> String {
     out
 }
 
-/// The human-readable report.
-pub fn table(inv: &Inventory) -> String {
+/// The human-readable report; the RESOURCE columns say what `serve` lists each device under with
+/// `cfg` (`-`: not served).
+pub fn table(inv: &Inventory, cfg: &Config) -> String {
+    let served = Served::new(inv, cfg);
+    let resource = |device: &str| served.of(device).unwrap_or_else(|| "-".to_string());
     let mut out = String::new();
     out.push_str("RoCE HCAs\n");
     if inv.hcas.is_empty() {
@@ -273,6 +320,7 @@ pub fn table(inv: &Inventory) -> String {
                 "GID",
                 "UVERBS",
                 "HEALTH",
+                "RESOURCE",
             ]
             .map(String::from)
             .to_vec(),
@@ -292,6 +340,7 @@ pub fn table(inv: &Inventory) -> String {
                 opt(&h.roce_v2_gid_index),
                 opt(&h.uverbs),
                 h.health.as_str().to_string(),
+                resource(&h.id),
             ]);
         }
         out.push_str(&columns(&rows));
@@ -301,7 +350,7 @@ pub fn table(inv: &Inventory) -> String {
         out.push_str("  (none)\n");
     } else {
         let mut rows = vec![
-            ["GPU", "PCI ADDRESS", "DEVICE", "NUMA", "RAIL"]
+            ["GPU", "PCI ADDRESS", "DEVICE", "NUMA", "RAIL", "RESOURCE"]
                 .map(String::from)
                 .to_vec(),
         ];
@@ -316,9 +365,16 @@ pub fn table(inv: &Inventory) -> String {
                 format!("{:04x}", g.device_id),
                 opt(&g.numa_node),
                 rail,
+                resource(&g.pci_address),
             ]);
         }
         out.push_str(&columns(&rows));
+        if inv.gpus.iter().any(|g| served.of(&g.pci_address).is_none()) {
+            out.push_str(
+                "  (RESOURCE -: not served with this config: GPUs are left to NVIDIA's device plugin \
+                 unless gpu or gpuHca is enabled)\n",
+            );
+        }
     }
     if !inv.gpus.is_empty() && !inv.hcas.is_empty() {
         out.push_str("\nTopology (GPU x HCA)\n");

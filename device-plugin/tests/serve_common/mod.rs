@@ -8,7 +8,7 @@ use std::time::Duration;
 use rocefabric_device_plugin::config::Config;
 use rocefabric_device_plugin::fabric_view::FabricView;
 use rocefabric_device_plugin::fixtures::{self, FixtureNode};
-use rocefabric_device_plugin::kubelet::emulator::KubeletEmulator;
+use rocefabric_device_plugin::kubelet::emulator::{EmulatorError, KubeletEmulator};
 use rocefabric_device_plugin::kubelet::pb;
 use rocefabric_device_plugin::serve::{self, ServeError, ServeOptions};
 use tokio::sync::{oneshot, watch};
@@ -64,12 +64,33 @@ impl Node {
     }
 }
 
-/// A config polling sysfs every 20 ms.
+/// A config polling sysfs every 20 ms; the default resources (`rdma/hca` only).
 pub fn fast_config() -> Config {
     Config {
         poll_interval: Duration::from_millis(20),
         ..Config::default()
     }
+}
+
+/// [`fast_config`] serving GPUs as well (every GPU, every HCA under `rdma/hca`).
+pub fn gpu_config() -> Config {
+    let mut c = fast_config();
+    c.gpu.enabled = true;
+    c
+}
+
+/// [`fast_config`] serving GPU + rail pairs: the rails leave `rdma/hca`.
+pub fn pair_config() -> Config {
+    let mut c = fast_config();
+    c.gpu_hca.enabled = true;
+    c
+}
+
+/// All three resources.
+pub fn all_config() -> Config {
+    let mut c = gpu_config();
+    c.gpu_hca.enabled = true;
+    c
 }
 
 /// The daemon running in-process.
@@ -153,4 +174,13 @@ pub fn host_paths(response: &pb::ContainerAllocateResponse) -> Vec<&str> {
 /// IDs in a device list.
 pub fn ids(devices: &[pb::Device]) -> Vec<&str> {
     devices.iter().map(|d| d.id.as_str()).collect()
+}
+
+/// The message of a call the plugin refused as `InvalidArgument`; panics on any other outcome.
+pub fn invalid_argument(err: EmulatorError) -> String {
+    let EmulatorError::Rpc(status) = err else {
+        panic!("expected a gRPC error, got {err}")
+    };
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status}");
+    status.message().to_string()
 }

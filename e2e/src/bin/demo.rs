@@ -6,7 +6,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Context;
-use rocefabric_api::constants::{GPU_HCA_RESOURCE, HCA_RESOURCE};
+use rocefabric_api::constants::HCA_RESOURCE;
+use rocefabric_device_plugin::allocation::ResourceKind;
 use rocefabric_device_plugin::config::Config;
 use rocefabric_device_plugin::kubelet::emulator::KubeletEmulator;
 use rocefabric_device_plugin::serve::{self, ServeOptions};
@@ -31,6 +32,7 @@ async fn main() -> anyhow::Result<()> {
     fixtures::write_dev_nodes(&node, dev.path()).context("cannot write the fixture's /dev")?;
 
     // A fabric with DSCP 26 tells workloads to use ToS 106 (NCCL_IB_TC / UCX_IB_TRAFFIC_CLASS).
+    // The default resources: `rdma/hca` only, GPUs left to NVIDIA's device plugin.
     let config = Config {
         traffic_class: Some(rocefabric_api::constants::traffic_class(26)),
         ..Config::default()
@@ -41,7 +43,7 @@ async fn main() -> anyhow::Result<()> {
     );
     let inv = inventory::discover(sysfs.path(), &config.hca.selector)
         .context("discovery failed on the fixture")?;
-    print!("{}", discover::table(&inv));
+    print!("{}", discover::table(&inv, &config));
 
     section("2. registration with an in-process kubelet emulator");
     let plugin_dir = fixtures::tempdir().context("cannot create the plugin dir")?;
@@ -57,11 +59,10 @@ async fn main() -> anyhow::Result<()> {
     let daemon = tokio::spawn(serve::run(options, view_rx, async {
         let _ = stop_rx.await;
     }));
-    let resources = [
-        HCA_RESOURCE,
-        config.gpu.resource_name.as_str(),
-        GPU_HCA_RESOURCE,
-    ];
+    let resources: Vec<&str> = ResourceKind::enabled_kinds(&config)
+        .into_iter()
+        .map(|kind| kind.resource_name(&config))
+        .collect();
     let snapshot = kubelet.wait_for_resources(&resources, WAIT).await?;
     for (name, reg) in snapshot.registered() {
         let devices = snapshot.devices_of(name).unwrap_or_default();

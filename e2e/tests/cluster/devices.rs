@@ -30,8 +30,15 @@ fn fixture_inventory() -> Inventory {
     inventory::discover(dir.path(), &NicSelector::default()).expect("discovery")
 }
 
-fn advertised(inv: &Inventory, kind: ResourceKind) -> usize {
-    allocation::advertised(kind, inv, &Config::default()).len()
+/// `(capacity, allocatable)` of `kind` under the chart's default config (the daemon's): every
+/// device it lists, minus those with a gated HCA behind them (`<hca>#k`, `<gpu>_<hca>`).
+fn counts(inv: &Inventory, kind: ResourceKind, gated: &BTreeSet<String>) -> (i64, i64) {
+    let listed = allocation::advertised(kind, inv, &Config::default());
+    let held = listed
+        .iter()
+        .filter(|d| d.id.split(['#', '_']).any(|part| gated.contains(part)))
+        .count();
+    (listed.len() as i64, (listed.len() - held) as i64)
 }
 
 /// `(capacity, allocatable)` of `resource` on `node`.
@@ -70,35 +77,21 @@ async fn wait_counts(client: &Client, node: &str, resource: &str, want: (i64, i6
     .await;
 }
 
-/// The node's resources as the fixture implies them while the QoS gate holds `gated` HCAs.
+/// The node's resources as the fixture implies them while the QoS gate holds some HCAs:
+/// `(capacity, allocatable)` of each.
 struct Expected {
-    hcas: i64,
-    gpus: i64,
-    rails: i64,
-    gated: i64,
+    hcas: (i64, i64),
+    gpus: (i64, i64),
+    rails: (i64, i64),
 }
 
 impl Expected {
-    /// Capacity and allocatable of all three resources, as the kubelet reports them.
+    /// Capacity and allocatable of all three resources, as the kubelet reports them (a resource
+    /// the config leaves off is not registered: 0 and 0).
     async fn wait(&self, client: &Client, node: &str, what: &str) {
-        let (hcas, rails) = (self.hcas, self.rails);
-        wait_counts(client, node, HCA_RESOURCE, (hcas, hcas - self.gated), what).await;
-        wait_counts(
-            client,
-            node,
-            DEFAULT_GPU_RESOURCE,
-            (self.gpus, self.gpus),
-            what,
-        )
-        .await;
-        wait_counts(
-            client,
-            node,
-            GPU_HCA_RESOURCE,
-            (rails, rails - self.gated),
-            what,
-        )
-        .await;
+        wait_counts(client, node, HCA_RESOURCE, self.hcas, what).await;
+        wait_counts(client, node, DEFAULT_GPU_RESOURCE, self.gpus, what).await;
+        wait_counts(client, node, GPU_HCA_RESOURCE, self.rails, what).await;
     }
 }
 
@@ -254,23 +247,28 @@ fn device_plugin_on_the_real_kubelet() {
     } = local.clone();
     ctx.rt.block_on(async {
         let client = &ctx.client;
-        // Capacity: every advertised device of the fixture. Allocatable: minus the gated HCAs (and
-        // the rails over them), while the agent reports QoS not applied on the veths.
-        let hcas = advertised(&inv, ResourceKind::Hca) as i64;
-        let gpus = advertised(&inv, ResourceKind::Gpu) as i64;
-        let rails = advertised(&inv, ResourceKind::GpuHca) as i64;
-        assert!(
-            hcas >= 4 && gpus == 8 && rails == 8,
-            "fixture: {hcas} HCAs, {gpus} GPUs, {rails} rails"
-        );
-        let gated = gated_hcas(&inv).len() as i64;
+        // Capacity: every advertised device of the fixture. Allocatable: minus the gated HCAs,
+        // while the agent reports QoS not applied on the veths. The chart's defaults serve
+        // rdma/hca only, over every HCA: GPUs (and so GPU+HCA pairs) are left to NVIDIA's plugin.
+        let held = gated_hcas(&inv);
+        let gated = held.len() as i64;
         assert_eq!(gated, FABRIC_NETDEVS.len() as i64);
         let expected = Expected {
-            hcas,
-            gpus,
-            rails,
-            gated,
+            hcas: counts(&inv, ResourceKind::Hca, &held),
+            gpus: counts(&inv, ResourceKind::Gpu, &held),
+            rails: counts(&inv, ResourceKind::GpuHca, &held),
         };
+        let hcas = expected.hcas.0;
+        assert!(
+            hcas == inv.hcas.len() as i64 && hcas >= 4,
+            "fixture: {hcas} HCAs listed of {}",
+            inv.hcas.len()
+        );
+        assert_eq!(
+            (expected.gpus, expected.rails),
+            ((0, 0), (0, 0)),
+            "GPUs and pairs are off by default"
+        );
         expected.wait(client, &node, "registered").await;
 
         // A pod asking for two HCAs runs with exactly their device nodes and environment.
