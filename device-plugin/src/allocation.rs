@@ -46,8 +46,9 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::config::Config;
+pub use crate::config::ResourceKind;
 use crate::model::{Distance, Gpu, Hca, Health, Inventory};
-use crate::ownership::Partition;
+use crate::ownership::{Partition, hca_device_id, pair_device_id};
 use crate::topology;
 
 /// `/dev/infiniband/rdma_cm`: the shared RDMA connection manager device.
@@ -57,44 +58,6 @@ pub const NVIDIA_SHARED_DEVICES: [&str; 3] =
     ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"];
 /// Permissions of every device spec.
 pub const DEVICE_PERMISSIONS: &str = "rw";
-
-/// The three resources the plugin serves.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum ResourceKind {
-    /// `rdma/hca`: one RoCE HCA (or a replica of one).
-    Hca,
-    /// GPUs (`nvidia.com/gpu` by default).
-    Gpu,
-    /// `rdma/gpu-hca`: one GPU with its closest HCA.
-    GpuHca,
-}
-
-impl ResourceKind {
-    pub const ALL: [ResourceKind; 3] = [ResourceKind::Hca, ResourceKind::Gpu, ResourceKind::GpuHca];
-
-    /// The extended resource name the config gives this kind.
-    pub fn resource_name(self, cfg: &Config) -> &str {
-        match self {
-            ResourceKind::Hca => &cfg.hca.resource_name,
-            ResourceKind::Gpu => &cfg.gpu.resource_name,
-            ResourceKind::GpuHca => &cfg.gpu_hca.resource_name,
-        }
-    }
-
-    /// Whether the config serves this kind (`rdma/hca` always is).
-    pub fn enabled(self, cfg: &Config) -> bool {
-        match self {
-            ResourceKind::Hca => true,
-            ResourceKind::Gpu => cfg.gpu.enabled,
-            ResourceKind::GpuHca => cfg.gpu_hca.enabled,
-        }
-    }
-
-    /// The kinds the config serves, in a fixed order.
-    pub fn enabled_kinds(cfg: &Config) -> Vec<ResourceKind> {
-        Self::ALL.into_iter().filter(|k| k.enabled(cfg)).collect()
-    }
-}
 
 /// One device as listed to the kubelet.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -164,20 +127,6 @@ pub enum AllocateError {
         id: String,
         hca: String,
     },
-}
-
-/// The ID of replica `replica` of an HCA when each HCA is advertised `replicas` times.
-pub fn hca_device_id(hca: &Hca, replica: u32, replicas: u32) -> String {
-    if replicas <= 1 {
-        hca.id.clone()
-    } else {
-        format!("{}#{replica}", hca.id)
-    }
-}
-
-/// The ID of a GPU + HCA pair.
-pub fn pair_device_id(gpu: &Gpu, hca: &Hca) -> String {
-    format!("{}_{}", gpu.pci_address, hca.id)
 }
 
 /// `PCIDEVICE_<RESOURCE>`: the resource name uppercased with `.`, `/` and `-` as `_`

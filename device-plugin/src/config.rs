@@ -175,6 +175,44 @@ impl Default for PairConfig {
     }
 }
 
+/// The three resources the plugin serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ResourceKind {
+    /// `rdma/hca`: one RoCE HCA (or a replica of one).
+    Hca,
+    /// GPUs (`nvidia.com/gpu` by default).
+    Gpu,
+    /// `rdma/gpu-hca`: one GPU with its closest HCA.
+    GpuHca,
+}
+
+impl ResourceKind {
+    pub const ALL: [ResourceKind; 3] = [ResourceKind::Hca, ResourceKind::Gpu, ResourceKind::GpuHca];
+
+    /// The extended resource name the config gives this kind.
+    pub fn resource_name(self, cfg: &Config) -> &str {
+        match self {
+            ResourceKind::Hca => &cfg.hca.resource_name,
+            ResourceKind::Gpu => &cfg.gpu.resource_name,
+            ResourceKind::GpuHca => &cfg.gpu_hca.resource_name,
+        }
+    }
+
+    /// Whether the config serves this kind (`rdma/hca` always is).
+    pub fn enabled(self, cfg: &Config) -> bool {
+        match self {
+            ResourceKind::Hca => true,
+            ResourceKind::Gpu => cfg.gpu.enabled,
+            ResourceKind::GpuHca => cfg.gpu_hca.enabled,
+        }
+    }
+
+    /// The kinds the config serves, in a fixed order.
+    pub fn enabled_kinds(cfg: &Config) -> Vec<ResourceKind> {
+        Self::ALL.into_iter().filter(|k| k.enabled(cfg)).collect()
+    }
+}
+
 /// Why a configuration was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {

@@ -26,8 +26,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::allocation::ResourceKind;
-use crate::config::Config;
+use crate::config::{Config, ResourceKind};
 use crate::model::{Distance, Gpu, Hca, Inventory};
 use crate::topology;
 
@@ -123,20 +122,35 @@ impl<'a> Partition<'a> {
                 ResourceKind::GpuHca,
                 self.pairs
                     .iter()
-                    .map(|(g, h, _)| crate::allocation::pair_device_id(g, h))
+                    .map(|(g, h, _)| pair_device_id(g, h))
                     .collect(),
             ),
         ]
     }
 }
 
+/// The ID of replica `replica` of an HCA when each HCA is advertised `replicas` times.
+pub fn hca_device_id(hca: &Hca, replica: u32, replicas: u32) -> String {
+    if replicas <= 1 {
+        hca.id.clone()
+    } else {
+        format!("{}#{replica}", hca.id)
+    }
+}
+
+/// The ID of a GPU + HCA pair.
+pub fn pair_device_id(gpu: &Gpu, hca: &Hca) -> String {
+    format!("{}_{}", gpu.pci_address, hca.id)
+}
+
 /// The physical devices (HCA ID, GPU PCI address) an ID of `kind` stands for: `<hca>[#k]`,
-/// `<gpu>`, `<gpu>_<hca>` (see [`crate::allocation`]).
+/// `<gpu>`, `<gpu>_<hca>` (the inverse of [`hca_device_id`] and [`pair_device_id`]).
 pub fn devices_behind(kind: ResourceKind, id: &str) -> Vec<&str> {
     match kind {
         ResourceKind::Hca => id.split('#').take(1).collect(),
         ResourceKind::Gpu => vec![id],
-        ResourceKind::GpuHca => id.split('_').collect(),
+        // The GPU's PCI address has no `_`; whatever follows the first one is the HCA's ID.
+        ResourceKind::GpuHca => id.split_once('_').map_or(vec![id], |(g, h)| vec![g, h]),
     }
 }
 
