@@ -1,13 +1,18 @@
 //! The kubelet-facing gRPC layer on its own: a `DevicePlugin` server over a fixed backend, the
 //! registration client and the kubelet emulator, all over real unix sockets in a temp dir.
 
+mod raw_h2;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use rocefabric_device_plugin::fixtures;
+use rocefabric_device_plugin::kubelet::authority::frame;
 use rocefabric_device_plugin::kubelet::emulator::{EmulatorError, KubeletEmulator};
 use rocefabric_device_plugin::kubelet::registration::{self, RegistrationError};
-use rocefabric_device_plugin::kubelet::server::{BackendError, DeviceBackend, PluginServer};
+use rocefabric_device_plugin::kubelet::server::{
+    BackendError, DeviceBackend, PluginServer, plugin_options,
+};
 use rocefabric_device_plugin::kubelet::{self, pb};
 use rocefabric_device_plugin::model::Health;
 use tokio::sync::watch;
@@ -332,5 +337,134 @@ async fn the_emulator_restart_deletes_every_socket_and_serves_a_new_kubelet_sock
         .await
         .expect("listed");
     assert_eq!(snapshot.registered()[RESOURCE].generation, 1);
+    server.stop().await;
+}
+
+/// Check a `GetDevicePluginOptions` answer: 200, a gRPC body holding our options, status 0.
+fn assert_options_answer(response: &raw_h2::Response) {
+    use prost::Message;
+    assert_eq!(response.headers[":status"], "200", "{response:?}");
+    assert_eq!(response.headers["content-type"], "application/grpc");
+    assert_eq!(
+        response.data,
+        raw_h2::grpc_message(&plugin_options().encode_to_vec())
+    );
+    assert_eq!(response.trailers["grpc-status"], "0", "{response:?}");
+}
+
+/// `GetDevicePluginOptions` through the kubelet emulator's tonic client.
+async fn options_over_tonic(kubelet: &KubeletEmulator) -> pb::DevicePluginOptions {
+    kubelet
+        .client(RESOURCE)
+        .await
+        .expect("client")
+        .get_device_plugin_options(pb::Empty {})
+        .await
+        .expect("options over tonic")
+        .into_inner()
+}
+
+#[tokio::test]
+async fn clients_that_send_the_socket_path_as_authority_are_served() {
+    // grpcurl, grpcio and grpc-java send `:authority: <socket path>`, which h2 alone resets.
+    let dir = fixtures::tempdir().expect("temp dir");
+    let socket = dir.path().join(kubelet::socket_file_name(RESOURCE));
+    let server = PluginServer::start(&socket, Fake::new(&["a"]))
+        .await
+        .expect("serve");
+    let authority = socket.to_str().expect("UTF-8 path");
+    let mut client = raw_h2::Client::connect(&socket).await;
+
+    let block = client.request_block(raw_h2::OPTIONS_PATH, authority);
+    assert_options_answer(&client.unary(1, &block).await);
+
+    // The same request again comes wholly from the client's dynamic and static tables: the
+    // front's decoder must mirror the client's table to read it.
+    let block = client.request_block(raw_h2::OPTIONS_PATH, authority);
+    assert!(
+        block.iter().all(|b| b & 0x80 != 0),
+        "all indexed: {block:?}"
+    );
+    assert_options_answer(&client.unary(3, &block).await);
+
+    // A header block in a padded HEADERS frame with priority fields, then two CONTINUATIONs.
+    let block = client.request_block(raw_h2::OPTIONS_PATH, "/some/other.sock");
+    let (first, rest) = block.split_at(2);
+    let (second, third) = rest.split_at(1);
+    let mut headers = vec![3, 0, 0, 0, 0, 15];
+    headers.extend_from_slice(first);
+    headers.extend_from_slice(&[0; 3]);
+    let mut bytes =
+        raw_h2::frame_bytes(frame::HEADERS, frame::PADDED | frame::PRIORITY, 5, &headers);
+    bytes.extend(raw_h2::frame_bytes(frame::CONTINUATION, 0, 5, second));
+    bytes.extend(raw_h2::frame_bytes(
+        frame::CONTINUATION,
+        frame::END_HEADERS,
+        5,
+        third,
+    ));
+    bytes.extend(raw_h2::empty_message(5));
+    client.send(&bytes).await;
+    assert_options_answer(&client.response(5).await);
+    // Gone before the stop: graceful shutdown waits for open connections.
+    drop(client);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_valid_authority_passes_and_the_kubelet_client_still_works() {
+    let dir = fixtures::tempdir().expect("temp dir");
+    let (kubelet, server) = serve_and_register(dir.path(), Fake::new(&["a"])).await;
+    let mut client = raw_h2::Client::connect(server.socket_path()).await;
+    for (stream, authority) in [(1, "localhost"), (3, "localhost:1234")] {
+        let block = client.request_block(raw_h2::OPTIONS_PATH, authority);
+        assert_options_answer(&client.unary(stream, &block).await);
+    }
+    assert_eq!(options_over_tonic(&kubelet).await, plugin_options());
+    assert_eq!(kubelet.snapshot().options[RESOURCE], plugin_options());
+    drop(client);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn garbage_closes_that_connection_and_the_server_serves_on() {
+    let dir = fixtures::tempdir().expect("temp dir");
+    let (kubelet, server) = serve_and_register(dir.path(), Fake::new(&["a"])).await;
+    let socket = server.socket_path().to_path_buf();
+
+    // Not HTTP/2 at all.
+    let mut plain = tokio::net::UnixStream::connect(&socket)
+        .await
+        .expect("connect");
+    tokio::io::AsyncWriteExt::write_all(&mut plain, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("send");
+    let mut sink = Vec::new();
+    // An end of stream or a reset (our bytes unread) both say closed.
+    let _ = tokio::time::timeout(
+        WAIT,
+        tokio::io::AsyncReadExt::read_to_end(&mut plain, &mut sink),
+    )
+    .await
+    .expect("closed in time");
+
+    // A CONTINUATION with no HEADERS before it and a header block that does not decode (index 0),
+    // both refused by the front; DATA on stream 0, passed on and refused by the server.
+    for garbage in [
+        raw_h2::frame_bytes(frame::CONTINUATION, frame::END_HEADERS, 1, &[0x82]),
+        raw_h2::frame_bytes(frame::HEADERS, frame::END_HEADERS, 1, &[0x80]),
+        raw_h2::frame_bytes(0x0, 0, 0, b"\xde\xad\xbe\xef"),
+    ] {
+        let mut client = raw_h2::Client::connect(&socket).await;
+        client.send(&garbage).await;
+        client.expect_closed().await;
+    }
+
+    assert!(server.is_running());
+    let mut client = raw_h2::Client::connect(&socket).await;
+    let block = client.request_block(raw_h2::OPTIONS_PATH, socket.to_str().expect("UTF-8"));
+    assert_options_answer(&client.unary(1, &block).await);
+    assert_eq!(options_over_tonic(&kubelet).await, plugin_options());
+    drop(client);
     server.stop().await;
 }

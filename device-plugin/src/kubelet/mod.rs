@@ -4,12 +4,15 @@
 //!   `build.rs` from `proto/deviceplugin/v1beta1/api.proto`).
 //! - [`server`]: one tonic `DevicePlugin` server per resource, each on its own socket, over the
 //!   [`server::DeviceBackend`] trait (no device logic lives here).
+//! - [`authority`]: the front between each socket and its server that lets clients which send the
+//!   socket path as `:authority` (grpcurl, grpcio, grpc-java) through.
 //! - [`registration`]: `Register` with the kubelet, with backoff.
 //! - [`watcher`]: inotify on the plugin directory, so a kubelet restart (a new `kubelet.sock`) or the
 //!   loss of one of our sockets triggers re-registration at once.
 //! - [`emulator`]: a kubelet emulator (Registration server plus the kubelet's client side), used by
 //!   the tests, the benchmark, e2e and the README demo.
 
+pub mod authority;
 pub mod emulator;
 pub mod registration;
 pub mod server;

@@ -10,9 +10,11 @@ use std::time::Duration;
 use tokio::net::UnixListener;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::{ReceiverStream, UnixListenerStream};
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Endpoint;
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
 
 use super::pb;
 use super::pb::device_plugin_server::{DevicePlugin, DevicePluginServer};
@@ -21,6 +23,8 @@ use super::pb::device_plugin_server::{DevicePlugin, DevicePluginServer};
 const SELF_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long [`PluginServer::stop`] waits for in-flight calls before aborting the server task.
 const STOP_TIMEOUT: Duration = Duration::from_secs(5);
+/// Accepted connections waiting for the server to take them.
+const ACCEPT_QUEUE: usize = 16;
 
 /// The options this plugin advertises: `GetPreferredAllocation` is implemented, `PreStartContainer`
 /// is not needed.
@@ -240,13 +244,26 @@ impl PluginServer {
         let (stop, stopping) = watch::channel(false);
         let service = DevicePluginServer::new(PluginService::new(backend, stopping.clone()));
         let mut signal = stopping;
+        // Clients reach the server through the authority front (see `authority`), over pipes.
+        let (conns, incoming) = mpsc::channel(ACCEPT_QUEUE);
+        let incoming = ReceiverStream::new(incoming).map(Ok::<_, std::io::Error>);
+        let serve = tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming_shutdown(incoming, async move {
+                // An error means the sender is gone: stop as well.
+                let _ = signal.wait_for(|stop| *stop).await.map(|_| ());
+            });
+        let span = tracing::info_span!("plugin server", %resource);
         let task = tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_service(service)
-                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
-                    // An error means the sender is gone: stop as well.
-                    let _ = signal.wait_for(|stop| *stop).await.map(|_| ());
-                }),
+            async move {
+                // The accept loop never ends by itself; it drives the fronts until the server is
+                // done (graceful shutdown included), and dropping it ends any left.
+                tokio::select! {
+                    result = serve => result,
+                    never = super::authority::accept(listener, conns) => match never {},
+                }
+            }
+            .instrument(span),
         );
         let server = Self {
             resource,
