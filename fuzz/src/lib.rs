@@ -12,6 +12,7 @@
 
 use std::borrow::Cow;
 
+mod h2;
 mod netlink;
 mod node;
 mod objects;
@@ -88,6 +89,11 @@ pub const TARGETS: &[Target] = &[
         name: "quantity",
         covers: "rocefabric_api::quantity::parse_bytes (regionSize, rocefabric.io/region-size)",
         run: regions::quantity,
+    },
+    Target {
+        name: "h2_front",
+        covers: "device plugin kubelet::authority::HeaderRewriter (HTTP/2 header blocks of any client: HPACK decode, :authority mended, re-framed)",
+        run: h2::h2_front,
     },
     Target {
         name: "yaml",

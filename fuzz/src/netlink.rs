@@ -3,9 +3,10 @@
 use std::io;
 
 use rocefabric_device_plugin::qos::dcbnl::{
-    self, DCB_CMD_IEEE_DEL, DCB_CMD_IEEE_GET, DCB_CMD_IEEE_SET, DcbApp, DcbOps, Dcbnl, IeeePfc,
+    self, DCB_CMD_IEEE_DEL, DCB_CMD_IEEE_GET, DCB_CMD_IEEE_SET, DcbOps, Dcbnl,
     decode_ieee_get_reply, decode_set_reply,
 };
+use rocefabric_device_plugin::qos::model::{DcbApp, IeeePfc};
 use rocefabric_device_plugin::qos::netlink::{
     Attr, MessageBuilder, NLA_F_NESTED, NLA_HDRLEN, NLMSG_HDRLEN, Transport, align4, errno_name,
     exchange, parse_attrs, parse_messages,
