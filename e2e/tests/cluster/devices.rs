@@ -1,7 +1,8 @@
 //! The node daemon registered with the real kubelet of the local cluster, over the node's DGX H100
 //! fixture: capacity and allocatable as the fixture implies (the QoS gate holding the fabric's NICs,
 //! whose veths have no DCB), a pod granted `rdma/hca: 2` with exactly the right device nodes and
-//! environment, a port going down, a kubelet restart and a daemon pod restart.
+//! environment, a port going down, a kubelet restart and a daemon pod restart; with `gpuHca` on,
+//! the rails and their GPUs served by `rdma/gpu-hca` alone, never also by `rdma/hca`.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -19,8 +20,8 @@ use rocefabric_e2e::cluster::{FABRIC_NETDEVS, LocalCluster, fixture_node};
 use serde_json::json;
 
 use crate::{
-    NAMESPACE, WORKLOAD_NAMESPACE, create_pod, delete_pod, eventually, local_cluster, logs_with,
-    node_daemon_selector, running,
+    NAMESPACE, WORKLOAD_NAMESPACE, create_pod, delete_pod, eventually, install_chart,
+    local_cluster, logs_with, node_daemon_selector, running,
 };
 
 /// What the fixture implies, computed by the daemon's own discovery over the same tree.
@@ -33,7 +34,17 @@ fn fixture_inventory() -> Inventory {
 /// `(capacity, allocatable)` of `kind` under the chart's default config (the daemon's): every
 /// device it lists, minus those with a gated HCA behind them (`<hca>#k`, `<gpu>_<hca>`).
 fn counts(inv: &Inventory, kind: ResourceKind, gated: &BTreeSet<String>) -> (i64, i64) {
-    let listed = allocation::advertised(kind, inv, &Config::default());
+    counts_with(inv, kind, gated, &Config::default())
+}
+
+/// [`counts`] under `config`.
+fn counts_with(
+    inv: &Inventory,
+    kind: ResourceKind,
+    gated: &BTreeSet<String>,
+    config: &Config,
+) -> (i64, i64) {
+    let listed = allocation::advertised(kind, inv, config);
     let held = listed
         .iter()
         .filter(|d| d.id.split(['#', '_']).any(|part| gated.contains(part)))
@@ -112,6 +123,11 @@ fn gated_hcas(inv: &Inventory) -> BTreeSet<String> {
 /// A pod asking for `count` HCAs; its container prints its environment and device nodes, then
 /// sleeps so its allocation stays held.
 fn hca_pod(name: &str, image: &str, count: u32) -> serde_json::Value {
+    pod_asking(name, image, HCA_RESOURCE, count)
+}
+
+/// A pod asking for `count` of `resource`, printing like [`hca_pod`]'s.
+fn pod_asking(name: &str, image: &str, resource: &str, count: u32) -> serde_json::Value {
     json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": WORKLOAD_NAMESPACE},
@@ -122,7 +138,7 @@ fn hca_pod(name: &str, image: &str, count: u32) -> serde_json::Value {
                 "name": "probe", "image": image, "imagePullPolicy": "IfNotPresent",
                 "command": ["sh", "-c", "env; for d in /dev/infiniband/*; do echo dev=$d; done; echo done; exec sleep 3600"],
                 "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}},
-                "resources": {"limits": {HCA_RESOURCE: count.to_string()}}
+                "resources": {"limits": {resource: count.to_string()}}
             }]
         }
     })
@@ -387,5 +403,84 @@ fn device_plugin_on_the_real_kubelet() {
         );
         delete_pod(&pods, "hca-a").await;
         delete_pod(&pods, "hca-b").await;
+    });
+}
+
+/// With `gpuHca` on, the real kubelet gets disjoint device sets: `rdma/gpu-hca` lists each GPU with
+/// its rail, `rdma/hca` only the HCAs that are no rail. A pair pod and a pod taking every allocatable
+/// `rdma/hca` run side by side without sharing an HCA.
+#[test]
+fn pairs_own_their_rails_on_the_real_kubelet() {
+    const TEST: &str = "pairs_own_their_rails_on_the_real_kubelet";
+    let Some((ctx, local)) = local_cluster(TEST) else {
+        return;
+    };
+    let inv = fixture_inventory();
+    let node = local.node_name.clone();
+    let mut config = Config::default();
+    config.gpu_hca.enabled = true;
+    let pairs_on = json!({"node": {"config": {"gpuHca": {"enabled": true}}}});
+    install_chart(Some(&local), &pairs_on).expect("helm upgrade with gpuHca on");
+    ctx.rt.block_on(async {
+        let client = &ctx.client;
+        let held = gated_hcas(&inv);
+        let hcas = counts_with(&inv, ResourceKind::Hca, &held, &config);
+        let rails = counts_with(&inv, ResourceKind::GpuHca, &held, &config);
+        let rail_ids: BTreeSet<String> = rocefabric_device_plugin::topology::gpu_hca_pairs(&inv)
+            .iter()
+            .map(|(_, h, _)| h.id.clone())
+            .collect();
+        assert!(
+            rails.0 == 8 && rails.1 > 0 && !rail_ids.is_empty(),
+            "fixture: 8 GPUs with rails, some of them ungated: {rails:?}"
+        );
+        assert_eq!(
+            hcas.0 as usize,
+            inv.hcas.len() - rail_ids.len(),
+            "rdma/hca lists the HCAs that are no rail"
+        );
+        wait_counts(client, &node, GPU_HCA_RESOURCE, rails, "pairs on").await;
+        wait_counts(client, &node, HCA_RESOURCE, hcas, "pairs on").await;
+
+        let pods: Api<Pod> = Api::namespaced(client.clone(), WORKLOAD_NAMESPACE);
+        create_pod(
+            &pods,
+            pod_asking("pair-a", &local.busybox_image, GPU_HCA_RESOURCE, 1),
+        )
+        .await;
+        running(&pods, "pair-a").await;
+        let pair = Granted::parse(&logs_with(&pods, "pair-a", "done").await);
+        let pair_pci: BTreeSet<String> = pair
+            .env
+            .get("PCIDEVICE_RDMA_GPU_HCA")
+            .map(|v| v.split(',').map(str::to_string).collect())
+            .unwrap_or_default();
+        let granted_rail: Vec<&String> =
+            rail_ids.iter().filter(|r| pair_pci.contains(*r)).collect();
+        assert_eq!(granted_rail.len(), 1, "one rail HCA in {pair_pci:?}");
+        assert!(
+            pair.env.contains_key("NVIDIA_VISIBLE_DEVICES"),
+            "{:?}",
+            pair.env
+        );
+        if hcas.1 > 0 {
+            let n = u32::try_from(hcas.1).expect("count");
+            create_pod(&pods, hca_pod("hca-rest", &local.busybox_image, n)).await;
+            running(&pods, "hca-rest").await;
+            let rest = Granted::parse(&logs_with(&pods, "hca-rest", "done").await);
+            assert!(
+                rest.pci_addresses().is_disjoint(&rail_ids),
+                "rdma/hca granted a rail: {:?}",
+                rest.pci_addresses()
+            );
+            delete_pod(&pods, "hca-rest").await;
+        }
+        delete_pod(&pods, "pair-a").await;
+    });
+    install_chart(Some(&local), &serde_json::Value::Null).expect("helm upgrade back");
+    ctx.rt.block_on(async {
+        let held = gated_hcas(&inv);
+        let all = counts(&inv, ResourceKind::Hca, &held);
+        wait_counts(&ctx.client, &node, HCA_RESOURCE, all, "pairs off again").await;
     });
 }
