@@ -25,6 +25,10 @@ PKI=$STATE/pki
 K8S_VERSION=v1.34.4
 HELM_MODULE=helm.sh/helm/v4/cmd/helm
 HELM_VERSION=v4.3.2
+# grpcurl: a debugging client the node daemon's plugin sockets must answer (it sends the socket
+# path as :authority).
+GRPCURL_MODULE=github.com/fullstorydev/grpcurl/cmd/grpcurl
+GRPCURL_VERSION=v1.9.4
 
 NODE_NAME=rfe2e-node
 BRIDGE=rfe2e0

@@ -113,6 +113,11 @@ impl LocalCluster {
         cmd
     }
 
+    /// The `grpcurl` that `up` built.
+    pub fn grpcurl(&self) -> Command {
+        Command::new(self.bin.join("grpcurl"))
+    }
+
     /// Stop one component and start it again (`e2e/cluster/up --restart NAME`); returns when the
     /// node is Ready again.
     pub fn restart(&self, component: &str) -> Result<(), String> {

@@ -287,6 +287,29 @@ fn device_plugin_on_the_real_kubelet() {
         );
         expected.wait(client, &node, "registered").await;
 
+        // grpcurl, pointed at the daemon's socket by hand, sends the socket path as :authority
+        // (forced here, whatever its default); the daemon answers it like the kubelet.
+        let socket = local.plugin_dir.join("rocefabric-rdma_hca.sock");
+        let proto =
+            rocefabric_e2e::workspace_root().join("device-plugin/proto/deviceplugin/v1beta1");
+        let out = local
+            .grpcurl()
+            .args(["-plaintext", "-unix", "-max-time", "20", "-authority"])
+            .arg(&socket)
+            .arg("-import-path")
+            .arg(&proto)
+            .args(["-proto", "api.proto"])
+            .arg(&socket)
+            .arg("v1beta1.DevicePlugin/GetDevicePluginOptions")
+            .output()
+            .expect("grpcurl");
+        let answer = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && answer.contains("\"getPreferredAllocationAvailable\": true"),
+            "grpcurl: {answer}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+
         // A pod asking for two HCAs runs with exactly their device nodes and environment.
         let pods: Api<Pod> = Api::namespaced(client.clone(), WORKLOAD_NAMESPACE);
         create_pod(&pods, hca_pod("hca-a", &local.busybox_image, 2)).await;
