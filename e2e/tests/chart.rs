@@ -363,8 +363,8 @@ fn default_render_has_every_part_and_nothing_optional() {
         ("RoleBinding", 1),
         ("Service", 2),
         ("ConfigMap", 1),
-        ("ValidatingAdmissionPolicy", 5),
-        ("ValidatingAdmissionPolicyBinding", 5),
+        ("ValidatingAdmissionPolicy", 6),
+        ("ValidatingAdmissionPolicyBinding", 6),
     ]
     .into_iter()
     .map(|(k, n)| (k.to_string(), n))
@@ -1071,6 +1071,27 @@ fn admission_policies_confine_the_service_accounts() {
     let mut covered = Vec::new();
     for p in &policies {
         let name = p["metadata"]["name"].as_str().unwrap_or_default();
+        if name.ends_with("-selected-pod-gate") {
+            // Every ungated pod against every fabric's custom podSelector: fails open, as it
+            // stands between the whole cluster and pod creation.
+            assert_eq!(p["spec"]["failurePolicy"], "Ignore", "{name}");
+            assert_eq!(p["spec"]["paramKind"]["kind"], "RoceFabric", "{name}");
+            assert_eq!(
+                p["spec"]["matchConstraints"]["resourceRules"][0]["operations"],
+                json!(["CREATE"])
+            );
+            let bindings = of_kind(&objects, "ValidatingAdmissionPolicyBinding");
+            let binding = bindings
+                .iter()
+                .find(|b| b["spec"]["policyName"] == name)
+                .unwrap_or_else(|| panic!("{name} is bound"));
+            assert_eq!(
+                binding["spec"]["paramRef"],
+                json!({"selector": {}, "parameterNotFoundAction": "Allow"}),
+                "{name}: every fabric is a param, none is no denial"
+            );
+            continue;
+        }
         assert_eq!(p["spec"]["failurePolicy"], "Fail", "{name} fails closed");
         let condition = p["spec"]["matchConditions"][0]["expression"]
             .as_str()
@@ -1135,6 +1156,13 @@ fn admission_policies_confine_the_service_accounts() {
             .unwrap_or_default()
             .ends_with("-region-gate")),
         "the region gate is required"
+    );
+    assert!(
+        policies.iter().any(|p| p["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .ends_with("-selected-pod-gate")),
+        "the gate for custom pod selectors is required"
     );
     let off = render(&engine, json!({"admissionPolicies": {"enabled": false}}));
     assert!(of_kind(&off, "ValidatingAdmissionPolicy").is_empty());

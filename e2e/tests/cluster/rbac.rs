@@ -12,7 +12,8 @@ use kube::api::{Api, PostParams};
 use serde_json::json;
 
 use crate::{
-    NAMESPACE, RELEASE, WORKLOAD_NAMESPACE, cluster, create_pod, delete_pod, local_cluster,
+    NAMESPACE, RELEASE, WORKLOAD_NAMESPACE, apply_value, cluster, create_pod, delete_pod,
+    eventually, local_cluster,
 };
 
 /// One request: verb, API group, resource (with `/subresource`), namespace ("" = cluster scope),
@@ -444,5 +445,97 @@ fn only_the_operator_writes_region_annotations() {
             .await
             .expect("an unrelated edit passes");
         delete_pod(&pods, "vap-plain").await;
+    });
+}
+
+/// A fabric with a custom `sharedMemory.podSelector` (labels and expressions): a pod it selects is
+/// refused unless created behind the region gate, naming the fabric; a pod it does not select,
+/// and the selected pod with the gate, are admitted. The fabrics are the policy's params.
+#[test]
+fn pods_a_custom_selector_picks_need_the_region_gate() {
+    const TEST: &str = "pods_a_custom_selector_picks_need_the_region_gate";
+    const NAME: &str = "vap-selector";
+    let Some((ctx, local)) = local_cluster(TEST) else {
+        return;
+    };
+    ctx.rt.block_on(async {
+        let client = &ctx.client;
+        // No node has the label: this fabric configures nothing and conflicts with nobody.
+        let fabric = json!({
+            "apiVersion": "rocefabric.io/v1alpha1", "kind": "RoceFabric",
+            "metadata": {"name": NAME},
+            "spec": {
+                "nodeSelector": {"matchLabels": {"rocefabric.io/e2e-none": "true"}},
+                "sharedMemory": {
+                    "regionSize": "1Mi", "maxRegions": 4,
+                    "podSelector": {
+                        "matchLabels": {"app": "dsm-custom"},
+                        "matchExpressions": [
+                            {"key": "tier", "operator": "In", "values": ["train"]},
+                            {"key": "debug", "operator": "DoesNotExist"}
+                        ]
+                    }
+                }
+            }
+        });
+        apply_value(client, &fabric)
+            .await
+            .expect("apply the fabric");
+        let pods: Api<Pod> = Api::namespaced(client.clone(), WORKLOAD_NAMESPACE);
+        let dry = PostParams {
+            dry_run: true,
+            ..Default::default()
+        };
+        let pod = |name: &str, labels: serde_json::Value, gated: bool| -> Pod {
+            let gates = if gated {
+                json!([{"name": "rocefabric.io/region"}])
+            } else {
+                json!([])
+            };
+            serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "namespace": WORKLOAD_NAMESPACE, "labels": labels},
+                "spec": {"schedulingGates": gates,
+                         "containers": [{"name": "c", "image": local.busybox_image}]}
+            }))
+            .expect("pod")
+        };
+        let selected = json!({"app": "dsm-custom", "tier": "train"});
+        // The API server reads its params through an informer: the new fabric takes a moment.
+        let refused = eventually("the selected ungated pod refused", || async {
+            match pods
+                .create(&dry, &pod("vap-selected", selected.clone(), false))
+                .await
+            {
+                Err(e) => Ok(e.to_string()),
+                Ok(_) => Err("admitted".to_string()),
+            }
+        })
+        .await;
+        assert!(
+            refused.contains("sharedMemory.podSelector of RoceFabric vap-selector")
+                && refused.contains("rocefabric.io/region scheduling gate"),
+            "{refused}"
+        );
+        pods.create(&dry, &pod("vap-selected", selected.clone(), true))
+            .await
+            .expect("the selected pod behind the gate is admitted");
+        for (name, labels) in [
+            ("vap-eval", json!({"app": "dsm-custom", "tier": "eval"})),
+            (
+                "vap-debug",
+                json!({"app": "dsm-custom", "tier": "train", "debug": "1"}),
+            ),
+            ("vap-other", json!({"app": "web"})),
+        ] {
+            pods.create(&dry, &pod(name, labels, false))
+                .await
+                .unwrap_or_else(|e| panic!("{name}, not selected, is admitted: {e}"));
+        }
+        let fabrics: Api<rocefabric_api::RoceFabric> = Api::all(client.clone());
+        fabrics
+            .delete(NAME, &Default::default())
+            .await
+            .expect("delete the fabric");
     });
 }
