@@ -6,6 +6,7 @@ pub mod http;
 pub mod leader;
 pub mod metrics;
 pub mod planner;
+pub mod rate;
 pub mod regions;
 pub mod snapshot;
 pub mod trim;

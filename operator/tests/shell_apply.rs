@@ -16,6 +16,7 @@ use rocefabric_operator::controller::{
 };
 use rocefabric_operator::metrics::Metrics;
 use rocefabric_operator::planner::writes::{Event, EventType, Write};
+use rocefabric_operator::rate::TokenBucket;
 use serde_json::json;
 use support::{MANAGED, SSA, mock_client};
 use tokio::sync::watch;
@@ -509,4 +510,31 @@ async fn a_hung_write_fails_after_the_write_timeout() {
         (1, 1, 1)
     );
     assert_eq!(summary.failures[0].1.metric_label(), "timeout");
+}
+
+/// `--write-qps 10 --write-burst 2`: two writes go at once, each further one 100 ms after the
+/// one before, as the API server sees them arrive.
+#[tokio::test(start_paused = true)]
+async fn writes_are_paced_by_the_write_rate_limit() {
+    let (client, mut api) = mock_client();
+    let ctx = Context::always_leader(client, "op-0", Arc::new(Metrics::new()));
+    *ctx.write_limit.lock().await = TokenBucket::new(10.0, 2);
+    let writes: Vec<Write> = (0..5).map(|i| roce_node_write(&format!("n{i}"))).collect();
+    let task = tokio::spawn(async move {
+        let mut summary = PassSummary::default();
+        execute_all(&ctx, &writes, &mut summary).await;
+        summary
+    });
+    let start = tokio::time::Instant::now();
+    let mut arrived = Vec::new();
+    for i in 0..5 {
+        api.expect(Method::PATCH, &format!("{ROCENODES}/n{i}"), SSA)
+            .await
+            .echo();
+        arrived.push((tokio::time::Instant::now() - start).as_millis());
+    }
+    let summary = task.await.expect("joined");
+    assert_eq!(summary.done, 5);
+    assert_eq!(arrived, [0, 0, 100, 200, 300], "arrival times in ms");
+    assert_eq!(summary.throttled, Duration::from_millis(300));
 }

@@ -52,6 +52,22 @@ pub struct RunArgs {
     /// Reconcile at least this often, in seconds, even when nothing changed.
     #[arg(long, default_value_t = 300)]
     pub resync_seconds: u64,
+    /// Sustained writes a second toward the API server (0: no limit).
+    #[arg(long, default_value_t = crate::rate::DEFAULT_QPS, value_parser = qps)]
+    pub write_qps: f64,
+    /// Writes that may go at once before `--write-qps` paces them.
+    #[arg(long, default_value_t = crate::rate::DEFAULT_BURST, value_parser = clap::value_parser!(u32).range(1..))]
+    pub write_burst: u32,
+}
+
+/// A rate: a finite number, zero or more.
+fn qps(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err(format!(
+            "{text:?} is not a rate: writes a second, 0 or more (0: no limit)"
+        )),
+    }
 }
 
 /// Set up the global `tracing` subscriber (`RUST_LOG` filters, default `info`), logging to stderr.
@@ -145,6 +161,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let controller_config = ControllerConfig {
         debounce: Duration::from_millis(args.debounce_ms),
         resync: Duration::from_secs(args.resync_seconds.max(1)),
+        write_limit: crate::rate::TokenBucket::new(args.write_qps, args.write_burst),
         // A new leader cannot know which windows its predecessor freed in the last grace period.
         plan: PlanOptions {
             hold_after_takeover: true,
