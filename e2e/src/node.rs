@@ -90,12 +90,18 @@ pub struct DaemonProcess {
 }
 
 impl DaemonProcess {
-    /// Start `rocefabric-device-plugin <args>` with its log in `log`.
+    /// Start `rocefabric-device-plugin <args>` with its log in `log`, as a node of no cluster:
+    /// the suite's kubeconfig (`.ci/run` exports the real cluster's) is hidden from it, so its
+    /// QoS gate never waits on an API server that knows nothing of this fixture node.
     pub fn spawn(args: &[&str], log: &Path) -> Result<DaemonProcess, String> {
         let binary = daemon_binary()?;
         let file = fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
+        let no_cluster = log.with_file_name("no-kubeconfig");
         let child = Command::new(&binary)
             .args(args)
+            .env("KUBECONFIG", &no_cluster)
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env_remove("KUBERNETES_SERVICE_PORT")
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(file)
