@@ -262,6 +262,9 @@ pub struct Context {
     pub overlay: Mutex<AnnotationOverlay>,
     /// Paces the writes of every pass.
     pub write_limit: Mutex<TokenBucket>,
+    /// Told of every finished write: a long paced pass (100,000 RoceNodes at 100 a second) is
+    /// progress, not a stuck loop for `/healthz`.
+    pub health: Option<Arc<Health>>,
 }
 
 impl std::fmt::Debug for Context {
@@ -295,6 +298,7 @@ impl Context {
             stop: CancellationToken::new(),
             overlay: Mutex::new(AnnotationOverlay::default()),
             write_limit: Mutex::new(TokenBucket::unlimited()),
+            health: None,
         }
     }
 
@@ -348,6 +352,9 @@ pub async fn execute_all(ctx: &Context, writes: &[Write], summary: &mut PassSumm
                     after: WRITE_TIMEOUT,
                 })
             });
+        if let Some(health) = &ctx.health {
+            health.progress(true);
+        }
         match outcome {
             Ok(Outcome::Done) => {
                 summary.done += 1;
@@ -652,6 +659,7 @@ pub async fn run(
     );
     ctx.stop = shutdown.clone();
     ctx.write_limit = Mutex::new(config.write_limit.clone());
+    ctx.health = Some(health.clone());
     let result = reconcile_loop(
         &ctx,
         &stores,

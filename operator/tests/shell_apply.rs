@@ -14,6 +14,7 @@ use rocefabric_operator::apply::{ApplyError, Executor, Outcome};
 use rocefabric_operator::controller::{
     Context, PassSummary, ReconcileError, WRITE_TIMEOUT, execute_all,
 };
+use rocefabric_operator::http::Health;
 use rocefabric_operator::metrics::Metrics;
 use rocefabric_operator::planner::writes::{Event, EventType, Write};
 use rocefabric_operator::rate::TokenBucket;
@@ -537,4 +538,36 @@ async fn writes_are_paced_by_the_write_rate_limit() {
     assert_eq!(summary.done, 5);
     assert_eq!(arrived, [0, 0, 100, 200, 300], "arrival times in ms");
     assert_eq!(summary.throttled, Duration::from_millis(300));
+}
+
+/// A paced pass that lasts longer than `/healthz`'s stall window is progress: every finished write
+/// tells the health, so liveness never restarts a leader in the middle of a long rollout.
+#[tokio::test(start_paused = true)]
+async fn a_long_paced_pass_keeps_healthz_alive() {
+    let (client, mut api) = mock_client();
+    let mut ctx = Context::always_leader(client, "op-0", Arc::new(Metrics::new()));
+    let health = Arc::new(Health::default());
+    health.set_stall_after(Duration::from_secs(60));
+    health.progress(true);
+    ctx.health = Some(health.clone());
+    // One write a second: 100 writes take 99 s, past the 60 s window.
+    *ctx.write_limit.lock().await = TokenBucket::new(1.0, 1);
+    let writes: Vec<Write> = (0..100)
+        .map(|i| roce_node_write(&format!("n{i}")))
+        .collect();
+    let task = tokio::spawn(async move {
+        let mut summary = PassSummary::default();
+        execute_all(&ctx, &writes, &mut summary).await;
+        summary
+    });
+    for i in 0..100 {
+        api.expect(Method::PATCH, &format!("{ROCENODES}/n{i}"), SSA)
+            .await
+            .echo();
+        assert_eq!(health.stalled_for(), None, "stalled at write {i}");
+    }
+    let summary = task.await.expect("joined");
+    assert_eq!(summary.done, 100);
+    assert!(summary.throttled >= Duration::from_secs(99));
+    assert_eq!(health.stalled_for(), None);
 }
