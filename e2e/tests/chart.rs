@@ -1066,6 +1066,13 @@ fn admission_policies_confine_the_service_accounts() {
     };
     let objects = render(&engine, Value::Null);
     let policies = of_kind(&objects, "ValidatingAdmissionPolicy");
+    let bindings = of_kind(&objects, "ValidatingAdmissionPolicyBinding");
+    let binding_of = |name: &str| {
+        bindings
+            .iter()
+            .find(|b| b["spec"]["policyName"] == name)
+            .unwrap_or_else(|| panic!("{name} is bound"))
+    };
     let user =
         |sa: &str| format!("\"system:serviceaccount:{NAMESPACE}:{RELEASE}-rocefabric-{sa}\"");
     let mut covered = Vec::new();
@@ -1080,11 +1087,12 @@ fn admission_policies_confine_the_service_accounts() {
                 p["spec"]["matchConstraints"]["resourceRules"][0]["operations"],
                 json!(["CREATE"])
             );
-            let bindings = of_kind(&objects, "ValidatingAdmissionPolicyBinding");
-            let binding = bindings
-                .iter()
-                .find(|b| b["spec"]["policyName"] == name)
-                .unwrap_or_else(|| panic!("{name} is bound"));
+            let binding = binding_of(name);
+            assert_eq!(
+                binding["spec"]["validationActions"],
+                json!(["Deny"]),
+                "{name}"
+            );
             assert_eq!(
                 binding["spec"]["paramRef"],
                 json!({"selector": {}, "parameterNotFoundAction": "Allow"}),
@@ -1127,11 +1135,7 @@ fn admission_policies_confine_the_service_accounts() {
                 covered.push((sa, r.as_str().unwrap().to_string()));
             }
         }
-        let bindings = of_kind(&objects, "ValidatingAdmissionPolicyBinding");
-        let binding = bindings
-            .iter()
-            .find(|b| b["spec"]["policyName"] == name)
-            .unwrap_or_else(|| panic!("{name} is bound"));
+        let binding = binding_of(name);
         assert_eq!(
             binding["spec"]["validationActions"],
             json!(["Deny"]),
