@@ -413,6 +413,7 @@ fn figures(plan: &Plan) -> Vec<(String, FabricFigures)> {
 pub async fn reconcile_once(ctx: &Context, world: &World) -> PassSummary {
     let started = Instant::now();
     let plan = planner::plan(world, &ctx.options);
+    let planned = started.elapsed();
     let mut summary = PassSummary::default();
     execute_all(ctx, &plan.writes, &mut summary).await;
     let figures = figures(&plan);
@@ -426,6 +427,7 @@ pub async fn reconcile_once(ctx: &Context, world: &World) -> PassSummary {
         skipped = summary.skipped,
         failed = summary.failures.len(),
         throttled_ms = u64::try_from(summary.throttled.as_millis()).unwrap_or(u64::MAX),
+        plan_us = u64::try_from(planned.as_micros()).unwrap_or(u64::MAX),
         took_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
         "reconciled"
     );
