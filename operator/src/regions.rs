@@ -324,6 +324,23 @@ impl SlotMap {
         }
     }
 
+    /// Give back every slot of `s` inside the map (the incremental planner frees windows; a
+    /// planning pass never does).
+    pub fn free(&mut self, s: Slots) {
+        let end = u32::try_from(s.end().min(u64::from(self.max))).unwrap_or(self.max);
+        for i in s.first..end {
+            let i = i as usize;
+            let w = &mut self.words[i / 64];
+            let bit = 1 << (i % 64);
+            if *w & bit != 0 {
+                *w &= !bit;
+                self.taken -= 1;
+            }
+        }
+        self.hint = self.hint.min(s.first);
+        self.failed_len = u32::MAX;
+    }
+
     /// The lowest run of `len` free slots, taken; `None` when no such run exists.
     pub fn allocate(&mut self, len: u32) -> Option<Slots> {
         if len == 0 || len > self.max || len >= self.failed_len {

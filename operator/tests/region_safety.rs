@@ -360,15 +360,8 @@ impl Sim {
     }
 }
 
-fn cases() -> u32 {
-    std::env::var("ROCEFABRIC_PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(64)
-}
-
 proptest! {
-    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: support::proptest_cases(), ..ProptestConfig::default() })]
 
     #[test]
     fn no_two_live_pods_overlap_and_no_started_window_changes(

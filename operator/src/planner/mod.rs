@@ -11,6 +11,7 @@
 //! (counts, conditions, Events), `writes` (the write list and the objects it implies).
 
 pub mod directory;
+pub mod incremental;
 mod pods;
 mod report;
 mod rollout;
@@ -42,7 +43,7 @@ use rocefabric_api::{RegionCounts, RoceNode};
 use crate::regions::FreedRegions;
 use pods::{PodRef, RegionsOutcome};
 use rollout::{count, node_name};
-use selection::FabricView;
+use selection::{FabricView, Route};
 
 /// The outcome of one planning pass.
 #[derive(Clone, Debug, Default)]
@@ -61,6 +62,27 @@ pub struct Plan {
 
 /// Plan one pass over `world`.
 pub fn plan(world: &World, opts: &PlanOptions) -> Plan {
+    plan_keeping(world, opts, None)
+}
+
+/// What the region planning of one fabric found, kept for the incremental planner (which
+/// cannot read it back from the writes).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct RegionFindings {
+    pub exhausted: Vec<String>,
+    pub bad_requests: Vec<(String, String)>,
+    pub over_quota: Vec<(String, String)>,
+    pub conflicts: Vec<(String, String)>,
+    pub too_large: Vec<(String, usize, usize)>,
+    pub events: usize,
+}
+
+/// [`plan`], also filling `keep` with each active shared-memory fabric's findings.
+pub(crate) fn plan_keeping(
+    world: &World,
+    opts: &PlanOptions,
+    mut keep: Option<&mut HashMap<String, RegionFindings>>,
+) -> Plan {
     let now = Time(world.now);
     let fabrics: Vec<FabricView<'_>> = world.fabrics.iter().map(FabricView::new).collect();
     let age = selection::age_order(&fabrics);
@@ -88,28 +110,16 @@ pub fn plan(world: &World, opts: &PlanOptions) -> Plan {
     // selects are told so (once each).
     let mut unmatched: Vec<PodRef<'_>> = Vec::new();
     let mut fabric_pods: Vec<Vec<PodRef<'_>>> = (0..fabrics.len()).map(|_| Vec::new()).collect();
+    let router = selection::Router::new(&fabrics, &age);
     for pod in world.pods.iter().filter(|p| pods::is_live(p)) {
         let p = PodRef::new(pod);
-        let recorded = match &p.annotation {
-            Some(Ok(a)) => fabric_by_name.get(a.fabric.as_ref()).copied(),
-            _ => None,
-        };
-        let target = match recorded {
-            // A fabric that cannot be planned now keeps its pods as they are.
-            Some(f) if !fabrics[f].active() => continue,
-            // A pod belongs to the fabric its annotation names, whatever the selector says now:
-            // its container read that window at start (a removed label frees nothing).
-            Some(f) if fabrics[f].pods.is_some() => Some(f),
-            _ => age.iter().copied().find(|&f| fabrics[f].selects_pod(pod)),
-        };
-        match target {
-            Some(f) if fabrics[f].active() => fabric_pods[f].push(p),
-            // Its fabric cannot be planned now; the fabric's status says why.
-            Some(_) => {}
-            None if p.gated() => unmatched.push(p),
-            None => {}
+        match router.route(&p) {
+            Route::To(f) => fabric_pods[f].push(p),
+            Route::Unmatched => unmatched.push(p),
+            Route::Skip => {}
         }
     }
+    unmatched.sort_by(|a, b| (a.namespace, a.name).cmp(&(b.namespace, b.name)));
 
     // Existing region directories by fabric name, then namespace.
     let mut directories: BTreeMap<&str, BTreeMap<&str, &ConfigMap>> = BTreeMap::new();
@@ -160,24 +170,7 @@ pub fn plan(world: &World, opts: &PlanOptions) -> Plan {
     for &fi in &by_name {
         let f = &fabrics[fi];
         let owned = &own.owned[fi];
-        let mut fr = FabricReport {
-            name: f.name.to_string(),
-            generation: f.generation,
-            valid: f.errors.is_empty(),
-            errors: f
-                .errors
-                .iter()
-                .map(|e| FieldErrorReport {
-                    field: e.field.clone(),
-                    message: e.message.clone(),
-                })
-                .collect(),
-            deleting: f.deleting,
-            selected_nodes: count(owned.len()),
-            conflicting_nodes: count(own.conflicting[fi].len()),
-            region_capacity: f.pods.as_ref().map_or(0, |p| p.geometry.max_regions),
-            ..FabricReport::default()
-        };
+        let mut fr = report_start(f, owned.len(), own.conflicting[fi].len());
         if !f.active() {
             if let Some(old) = world.freed.fabrics.get(f.name) {
                 freed.fabrics.insert(f.name.to_string(), old.clone());
@@ -264,19 +257,30 @@ pub fn plan(world: &World, opts: &PlanOptions) -> Plan {
         status_writes.extend(write);
         fabric_events.extend(events);
 
-        fr.configured_nodes = r.counts.configured;
-        fr.failed_nodes = r.counts.failed;
-        fr.in_progress_nodes = r.counts.in_progress;
-        fr.waiting_nodes = r.counts.waiting;
-        fr.rollout_budget = r.counts.budget;
-        fr.rollout_blocked = r.counts.blocked;
-        fr.traffic_class = Some(f.obj.spec.qos.traffic_class());
-        fr.regions_allocated = regions.live_slots;
-        fr.region_count = regions.region_count;
-        fr.pods_waiting =
-            count(facts.exhausted.len() + facts.bad_requests.len() + facts.over_quota.len());
-        fr.regions_cooling = regions.cooling_slots;
+        report_active(
+            &mut fr,
+            f,
+            &facts,
+            (
+                regions.live_slots,
+                regions.region_count,
+                regions.cooling_slots,
+            ),
+        );
         report.fabrics.push(fr);
+        if let (Some(keep), Some(_)) = (keep.as_deref_mut(), &f.pods) {
+            keep.insert(
+                f.name.to_string(),
+                RegionFindings {
+                    exhausted: facts.exhausted.clone(),
+                    bad_requests: facts.bad_requests.clone(),
+                    over_quota: facts.over_quota.clone(),
+                    conflicts: facts.conflicts.clone(),
+                    too_large: facts.too_large.clone(),
+                    events: regions.events.len(),
+                },
+            );
+        }
         report.regions.extend(regions.regions);
         report.waiting_pods.extend(regions.waiting);
         pod_writes.extend(regions.pod_writes);
@@ -387,6 +391,50 @@ pub fn plan(world: &World, opts: &PlanOptions) -> Plan {
         freed,
         requeue_after,
     }
+}
+
+/// The report of a fabric before its rollout and regions are planned.
+fn report_start(f: &FabricView<'_>, owned: usize, conflicting: usize) -> FabricReport {
+    FabricReport {
+        name: f.name.to_string(),
+        generation: f.generation,
+        valid: f.errors.is_empty(),
+        errors: f
+            .errors
+            .iter()
+            .map(|e| FieldErrorReport {
+                field: e.field.clone(),
+                message: e.message.clone(),
+            })
+            .collect(),
+        deleting: f.deleting,
+        selected_nodes: count(owned),
+        conflicting_nodes: count(conflicting),
+        region_capacity: f.pods.as_ref().map_or(0, |p| p.geometry.max_regions),
+        ..FabricReport::default()
+    }
+}
+
+/// Fill the report of an active fabric from its status facts and region figures (live slots,
+/// live regions, cooling slots).
+fn report_active(
+    fr: &mut FabricReport,
+    f: &FabricView<'_>,
+    facts: &status::Facts,
+    (live_slots, region_count, cooling_slots): (u32, u32, u32),
+) {
+    fr.configured_nodes = facts.rollout.configured;
+    fr.failed_nodes = facts.rollout.failed;
+    fr.in_progress_nodes = facts.rollout.in_progress;
+    fr.waiting_nodes = facts.rollout.waiting;
+    fr.rollout_budget = facts.rollout.budget;
+    fr.rollout_blocked = facts.rollout.blocked;
+    fr.traffic_class = Some(f.obj.spec.qos.traffic_class());
+    fr.regions_allocated = live_slots;
+    fr.region_count = region_count;
+    fr.pods_waiting =
+        count(facts.exhausted.len() + facts.bad_requests.len() + facts.over_quota.len());
+    fr.regions_cooling = cooling_slots;
 }
 
 fn write_name(w: &Write) -> &str {

@@ -71,7 +71,7 @@ impl<'w> PodRef<'w> {
         }
     }
 
-    fn gates(&self) -> &'w [k8s_openapi::api::core::v1::PodSchedulingGate] {
+    pub(crate) fn gates(&self) -> &'w [k8s_openapi::api::core::v1::PodSchedulingGate] {
         self.pod
             .spec
             .as_ref()
@@ -102,7 +102,7 @@ impl<'w> PodRef<'w> {
 
     /// Past its gate or bound to a node: its containers may have read the window, so a window it
     /// records is never changed while it exists.
-    fn started(&self) -> bool {
+    pub(crate) fn started(&self) -> bool {
         !self.gated()
             || self
                 .pod
@@ -153,7 +153,7 @@ pub(crate) struct RegionsOutcome {
     pub waiting: Vec<WaitingPod>,
 }
 
-enum Claim {
+pub(crate) enum Claim {
     None,
     Existing(Slots),
     /// An annotation that cannot stand: why.
@@ -192,40 +192,8 @@ pub(crate) fn plan_regions(
     let mut wanted: Vec<Option<Request>> = Vec::with_capacity(pods.len());
     let mut held: Vec<String> = Vec::new();
     for p in &pods {
-        let claim = match &p.annotation {
-            None => Claim::None,
-            Some(Ok(a))
-                if a.uid
-                    .as_deref()
-                    .is_some_and(|u| Some(u) != p.pod.metadata.uid.as_deref()) =>
-            {
-                Claim::Bad(format!(
-                    "it was written for another pod (uid {}): a copied annotation is never honoured",
-                    a.uid.as_deref().unwrap_or_default()
-                ))
-            }
-            Some(Ok(a)) if a.fabric == fabric.name => {
-                match geometry.window_slots(a.id, a.base, a.size) {
-                    Ok(s) => Claim::Existing(s),
-                    Err(e) => Claim::Bad(e.to_string()),
-                }
-            }
-            Some(Ok(a)) => Claim::Bad(format!("it records a region of fabric {:?}", a.fabric)),
-            Some(Err(e)) => Claim::Bad(e.clone()),
-        };
-        let size_request = p
-            .pod
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(REGION_SIZE_ANNOTATION))
-            .map(String::as_str);
-        let len = geometry
-            .slots_for_annotation(size_request)
-            .and_then(|len| match per_pod {
-                Some(cap) if len > cap => Err(regions::RegionError::PodCap { slots: len, cap }),
-                _ => Ok(len),
-            });
+        let claim = claim_of(p, fabric.name, geometry);
+        let len = request_len(p, geometry, per_pod);
         let request = match (&claim, len) {
             (Claim::Existing(s), len) => Some(Request {
                 existing: Some(*s),
@@ -270,15 +238,8 @@ pub(crate) fn plan_regions(
             };
             let held = used.entry(p.namespace).or_default();
             if *held + u64::from(r.len) > u64::from(cap) {
-                out.over_quota.push((
-                    p.key(),
-                    format!(
-                        "needs {} region{}; namespace {} holds {held} of sharedMemory.maxRegionsPerNamespace {cap}",
-                        r.len,
-                        if r.len == 1 { "" } else { "s" },
-                        p.namespace
-                    ),
-                ));
+                out.over_quota
+                    .push((p.key(), over_quota_message(r.len, p.namespace, *held, cap)));
                 *w = None;
             } else {
                 *held += u64::from(r.len);
@@ -443,7 +404,6 @@ pub(crate) fn plan_regions(
             out.conflicts.push((p.key(), why));
             continue;
         }
-        let mut writes = Vec::new();
         let (slots, change) = match (outcome, &claims[i]) {
             (Outcome::Kept(s), _) => (s, RegionChange::Kept),
             (Outcome::Assigned(s), Claim::None | Claim::Existing(_)) => (s, RegionChange::Assigned),
@@ -484,42 +444,17 @@ pub(crate) fn plan_regions(
             }
         };
         let assignment = geometry.assignment(fabric.name, slots);
-        if change != RegionChange::Kept {
-            writes.push(Write::AnnotatePodRegion {
-                namespace: p.namespace.to_string(),
-                pod: p.name.to_string(),
-                value: assignment.to_annotation_of(p.pod.metadata.uid.as_deref()),
-                uid: p.pod.metadata.uid.clone(),
-                resource_version: p.pod.metadata.resource_version.clone(),
-            });
-        }
-        if p.gated() {
-            writes.push(Write::RemovePodGate {
-                namespace: p.namespace.to_string(),
-                pod: p.name.to_string(),
-                remaining_gates: p
-                    .gates()
-                    .iter()
-                    .filter(|g| g.name != REGION_SCHEDULING_GATE)
-                    .map(|g| g.name.clone())
-                    .collect(),
-            });
-        }
+        let writes = pod_writes(p, &assignment, change == RegionChange::Kept);
         if !writes.is_empty() {
             out.pod_writes
                 .push(((p.namespace.to_string(), p.name.to_string()), writes));
         }
         out.region_count += 1;
         out.ledger.live.insert(p.key(), slots);
-        by_namespace.entry(p.namespace).or_default().push(EntryRef {
-            pod: p.name,
-            node: p.pod.spec.as_ref().and_then(|s| s.node_name.as_deref()),
-            pod_ip: p.pod.status.as_ref().and_then(|s| s.pod_ip.as_deref()),
-            id: assignment.id,
-            base: assignment.base,
-            size: assignment.size,
-            uid: p.pod.metadata.uid.as_deref(),
-        });
+        by_namespace
+            .entry(p.namespace)
+            .or_default()
+            .push(entry_ref(p, &assignment));
         if detailed {
             out.regions.push(RegionReport {
                 namespace: p.namespace.to_string(),
@@ -552,17 +487,7 @@ pub(crate) fn plan_regions(
                 .push((ns.to_string(), entries.len(), text.len()));
             continue;
         }
-        let current = directories.get(ns);
-        let up_to_date = current.is_some_and(|cm| {
-            cm.data
-                .as_ref()
-                .is_some_and(|d| d.len() == 1 && d.get(DIRECTORY_KEY) == Some(&text))
-                && cm
-                    .metadata
-                    .owner_references
-                    .as_ref()
-                    .is_some_and(|o| o.iter().any(|r| r.uid == fabric.uid))
-        });
+        let up_to_date = directory_up_to_date(directories.get(ns).copied(), &text, fabric.uid);
         if !up_to_date {
             out.directory_writes.push(Write::ApplyRegionDirectory {
                 namespace: ns.to_string(),
@@ -583,6 +508,120 @@ pub(crate) fn plan_regions(
     out.directory_writes
         .sort_by(|a, b| directory_key(a).cmp(directory_key(b)));
     out
+}
+
+/// What a pod's annotation claims in `fabric`.
+pub(crate) fn claim_of(p: &PodRef<'_>, fabric: &str, geometry: Geometry) -> Claim {
+    match &p.annotation {
+        None => Claim::None,
+        Some(Ok(a))
+            if a.uid
+                .as_deref()
+                .is_some_and(|u| Some(u) != p.pod.metadata.uid.as_deref()) =>
+        {
+            Claim::Bad(format!(
+                "it was written for another pod (uid {}): a copied annotation is never honoured",
+                a.uid.as_deref().unwrap_or_default()
+            ))
+        }
+        Some(Ok(a)) if a.fabric == fabric => match geometry.window_slots(a.id, a.base, a.size) {
+            Ok(s) => Claim::Existing(s),
+            Err(e) => Claim::Bad(e.to_string()),
+        },
+        Some(Ok(a)) => Claim::Bad(format!("it records a region of fabric {:?}", a.fabric)),
+        Some(Err(e)) => Claim::Bad(e.clone()),
+    }
+}
+
+/// The slots a pod needs should it get a new window (its size annotation within the per-pod
+/// cap), or why it cannot be served.
+pub(crate) fn request_len(
+    p: &PodRef<'_>,
+    geometry: Geometry,
+    per_pod: Option<u32>,
+) -> Result<u32, regions::RegionError> {
+    let size_request = p
+        .pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(REGION_SIZE_ANNOTATION))
+        .map(String::as_str);
+    geometry
+        .slots_for_annotation(size_request)
+        .and_then(|len| match per_pod {
+            Some(cap) if len > cap => Err(regions::RegionError::PodCap { slots: len, cap }),
+            _ => Ok(len),
+        })
+}
+
+/// The message of a pod over its namespace's quota.
+pub(crate) fn over_quota_message(len: u32, namespace: &str, held: u64, cap: u32) -> String {
+    format!(
+        "needs {} region{}; namespace {} holds {held} of sharedMemory.maxRegionsPerNamespace {cap}",
+        len,
+        if len == 1 { "" } else { "s" },
+        namespace
+    )
+}
+
+/// A pod's writes once it holds `assignment`: the annotation unless it already records it,
+/// then the gate removal while it is gated.
+pub(crate) fn pod_writes(
+    p: &PodRef<'_>,
+    assignment: &RegionAssignment,
+    recorded: bool,
+) -> Vec<Write> {
+    let mut writes = Vec::new();
+    if !recorded {
+        writes.push(Write::AnnotatePodRegion {
+            namespace: p.namespace.to_string(),
+            pod: p.name.to_string(),
+            value: assignment.to_annotation_of(p.pod.metadata.uid.as_deref()),
+            uid: p.pod.metadata.uid.clone(),
+            resource_version: p.pod.metadata.resource_version.clone(),
+        });
+    }
+    if p.gated() {
+        writes.push(Write::RemovePodGate {
+            namespace: p.namespace.to_string(),
+            pod: p.name.to_string(),
+            remaining_gates: p
+                .gates()
+                .iter()
+                .filter(|g| g.name != REGION_SCHEDULING_GATE)
+                .map(|g| g.name.clone())
+                .collect(),
+        });
+    }
+    writes
+}
+
+/// A pod's line in its namespace's directory.
+pub(crate) fn entry_ref<'w>(p: &PodRef<'w>, assignment: &RegionAssignment) -> EntryRef<'w> {
+    EntryRef {
+        pod: p.name,
+        node: p.pod.spec.as_ref().and_then(|s| s.node_name.as_deref()),
+        pod_ip: p.pod.status.as_ref().and_then(|s| s.pod_ip.as_deref()),
+        id: assignment.id,
+        base: assignment.base,
+        size: assignment.size,
+        uid: p.pod.metadata.uid.as_deref(),
+    }
+}
+
+/// Whether `cm` already holds exactly `text`, owned by the fabric of `fabric_uid`.
+pub(crate) fn directory_up_to_date(cm: Option<&ConfigMap>, text: &str, fabric_uid: &str) -> bool {
+    cm.is_some_and(|cm| {
+        cm.data
+            .as_ref()
+            .is_some_and(|d| d.len() == 1 && d.get(DIRECTORY_KEY).map(String::as_str) == Some(text))
+            && cm
+                .metadata
+                .owner_references
+                .as_ref()
+                .is_some_and(|o| o.iter().any(|r| r.uid == fabric_uid))
+    })
 }
 
 fn directory_key(w: &Write) -> &str {

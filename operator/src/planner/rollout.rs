@@ -57,7 +57,7 @@ pub(crate) fn desired_spec(fabric: &FabricView<'_>) -> RoceNodeSpec {
 
 /// Whether a RoceNode already holds what `desired` asks the node to apply: the same fabric,
 /// rendered QoS and NIC selection, whatever fabric generation it was written at.
-fn same_node_config(held: &RoceNodeSpec, desired: &RoceNodeSpec) -> bool {
+pub(crate) fn same_node_config(held: &RoceNodeSpec, desired: &RoceNodeSpec) -> bool {
     held.fabric == desired.fabric
         && held.qos == desired.qos
         && held.nic_selector == desired.nic_selector
@@ -66,7 +66,7 @@ fn same_node_config(held: &RoceNodeSpec, desired: &RoceNodeSpec) -> bool {
 
 /// What a RoceNode's status says about the generation its spec carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Report {
+pub(crate) enum Report {
     Applied,
     Failed,
     /// Not reported yet (or the agent is still working on it).
@@ -89,24 +89,58 @@ fn report_for(rn: &RoceNode, generation: i64) -> Report {
 }
 
 /// The RoceNode carries the fabric label and a controller owner reference to this fabric.
-fn owned_by(rn: &RoceNode, fabric: &FabricView<'_>) -> bool {
+fn owned_by(rn: &RoceNode, name: &str, uid: &str) -> bool {
     let labelled = rn
         .metadata
         .labels
         .as_ref()
         .and_then(|l| l.get(FABRIC_LABEL))
-        .is_some_and(|f| f == fabric.name);
+        .is_some_and(|f| f == name);
     let referenced = rn.metadata.owner_references.as_ref().is_some_and(|refs| {
         refs.iter()
-            .any(|r| r.controller == Some(true) && r.uid == fabric.uid && r.name == fabric.name)
+            .any(|r| r.controller == Some(true) && r.uid == uid && r.name == name)
     });
     labelled && referenced
 }
 
-enum Class {
+/// Where one owned node stands before pacing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Class {
     Missing,
     Current { report: Report, fix_metadata: bool },
     Stale { settling: bool },
+}
+
+/// Classify one owned node by the RoceNode it holds.
+pub(crate) fn classify(
+    rn: Option<&RoceNode>,
+    desired: &RoceNodeSpec,
+    fabric_name: &str,
+    fabric_uid: &str,
+) -> Class {
+    match rn {
+        // A pending RoceNode only holds the node's place: it waits like a new node.
+        None => Class::Missing,
+        Some(rn) if rn.spec.pending => Class::Missing,
+        // Only what the node applies counts: an edit of the fabric that leaves the rendered QoS
+        // and NIC selection as they are (rollout pacing, shared memory) must not re-roll QoS
+        // over every node.
+        Some(rn) if same_node_config(&rn.spec, desired) => Class::Current {
+            report: report_for(rn, rn.spec.fabric_generation),
+            fix_metadata: !owned_by(rn, fabric_name, fabric_uid),
+        },
+        Some(rn) => Class::Stale {
+            settling: report_for(rn, rn.spec.fabric_generation) == Report::Pending,
+        },
+    }
+}
+
+/// The placeholder a new node holds while it waits for its turn.
+pub(crate) fn placeholder(desired: &RoceNodeSpec) -> RoceNodeSpec {
+    RoceNodeSpec {
+        pending: true,
+        ..desired.clone()
+    }
 }
 
 /// Classify and pace the owned nodes of an active fabric (`owned` sorted by node name).
@@ -128,22 +162,8 @@ pub(crate) fn plan_rollout(
     let classes: Vec<Class> = owned
         .iter()
         .map(|&n| {
-            let name = node_name(&nodes[n]);
-            match roce_nodes.get(name) {
-                // A pending RoceNode only holds the node's place: it waits like a new node.
-                None => Class::Missing,
-                Some(rn) if rn.spec.pending => Class::Missing,
-                // Only what the node applies counts: an edit of the fabric that leaves the
-                // rendered QoS and NIC selection as they are (rollout pacing, shared memory)
-                // must not re-roll QoS over every node.
-                Some(rn) if same_node_config(&rn.spec, &desired) => Class::Current {
-                    report: report_for(rn, rn.spec.fabric_generation),
-                    fix_metadata: !owned_by(rn, fabric),
-                },
-                Some(rn) => Class::Stale {
-                    settling: report_for(rn, rn.spec.fabric_generation) == Report::Pending,
-                },
-            }
+            let rn = roce_nodes.get(node_name(&nodes[n])).copied();
+            classify(rn, &desired, fabric.name, fabric.uid)
         })
         .collect();
     for (i, c) in classes.iter().enumerate() {
@@ -231,10 +251,7 @@ pub(crate) fn plan_rollout(
             Class::Missing => {
                 // Its RoceNode exists at once, pending, so the node's QoS gate holds its HCAs
                 // until its turn comes and the QoS is proven.
-                let placeholder = RoceNodeSpec {
-                    pending: true,
-                    ..desired.clone()
-                };
+                let placeholder = placeholder(&desired);
                 let held = roce_nodes.get(name).map(|rn| &rn.spec);
                 if held != Some(&placeholder) {
                     r.writes.push(Write::ApplyRoceNode {

@@ -39,6 +39,7 @@ pub(crate) struct PodSelection {
     pub per_namespace: Option<u32>,
 }
 
+#[derive(Clone)]
 pub(crate) enum PodSelector {
     /// An empty `podSelector`: pods labelled `rocefabric.io/fabric: <fabric>`.
     FabricLabel,
@@ -109,14 +110,87 @@ impl<'w> FabricView<'w> {
     pub fn active(&self) -> bool {
         self.errors.is_empty() && !self.deleting
     }
+}
 
-    /// Whether the fabric's `sharedMemory.podSelector` picks `pod`.
-    pub fn selects_pod(&self, pod: &Pod) -> bool {
-        let Some(sel) = &self.pods else { return false };
+impl PodSelector {
+    /// Whether the pod selector of fabric `fabric` picks `pod`.
+    pub fn selects(&self, fabric: &str, pod: &Pod) -> bool {
         let labels = labels_of(pod.metadata.labels.as_ref());
-        match &sel.selector {
-            PodSelector::FabricLabel => labels.get(FABRIC_LABEL).is_some_and(|f| f == self.name),
+        match self {
+            PodSelector::FabricLabel => labels.get(FABRIC_LABEL).is_some_and(|f| f == fabric),
             PodSelector::Labels(s) => s.matches(labels),
+        }
+    }
+}
+
+/// Where a live pod goes: the fabric whose region it holds or gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Route {
+    /// To this fabric (an index of the fabrics the router was built from), which is active.
+    To(usize),
+    /// Gated, and no fabric selects it: it is told so.
+    Unmatched,
+    /// Not planned now (no fabric, or its fabric cannot be planned: the status says why).
+    Skip,
+}
+
+/// The pod routing of a set of fabrics, owned, so the incremental planner can keep it.
+#[derive(Clone)]
+pub(crate) struct Router {
+    fabrics: Vec<RouteEntry>,
+    by_name: HashMap<String, usize>,
+    age: Vec<usize>,
+}
+
+#[derive(Clone)]
+struct RouteEntry {
+    name: String,
+    active: bool,
+    pods: Option<PodSelector>,
+}
+
+impl Router {
+    pub fn new(fabrics: &[FabricView<'_>], age: &[usize]) -> Self {
+        Self {
+            fabrics: fabrics
+                .iter()
+                .map(|f| RouteEntry {
+                    name: f.name.to_string(),
+                    active: f.active(),
+                    pods: f.pods.as_ref().map(|p| p.selector.clone()),
+                })
+                .collect(),
+            by_name: fabrics
+                .iter()
+                .enumerate()
+                .map(|(i, f)| (f.name.to_string(), i))
+                .collect(),
+            age: age.to_vec(),
+        }
+    }
+
+    /// Route a live pod. A pod belongs to the fabric its annotation names, whatever the selector
+    /// says now (its container read that window at start: a removed label frees nothing);
+    /// otherwise to the oldest fabric that selects it.
+    pub fn route(&self, p: &super::pods::PodRef<'_>) -> Route {
+        let recorded = match &p.annotation {
+            Some(Ok(a)) => self.by_name.get(a.fabric.as_ref()).copied(),
+            _ => None,
+        };
+        let target = match recorded {
+            // A fabric that cannot be planned now keeps its pods as they are.
+            Some(f) if !self.fabrics[f].active => return Route::Skip,
+            Some(f) if self.fabrics[f].pods.is_some() => Some(f),
+            _ => self.age.iter().copied().find(|&f| {
+                let e = &self.fabrics[f];
+                e.pods.as_ref().is_some_and(|s| s.selects(&e.name, p.pod))
+            }),
+        };
+        match target {
+            Some(f) if self.fabrics[f].active => Route::To(f),
+            Some(_) => Route::Skip,
+            None if p.gated() => Route::Unmatched,
+            None => Route::Skip,
         }
     }
 }

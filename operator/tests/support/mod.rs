@@ -201,3 +201,11 @@ impl ApiServer {
 pub const SSA: &[(&str, &str)] = &[("fieldManager", "rocefabric-operator"), ("force", "true")];
 /// Query of a merge or JSON patch by the operator.
 pub const MANAGED: &[(&str, &str)] = &[("fieldManager", "rocefabric-operator")];
+
+/// Sequences a property test runs: 64, or `ROCEFABRIC_PROPTEST_CASES`.
+pub fn proptest_cases() -> u32 {
+    std::env::var("ROCEFABRIC_PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(64)
+}
