@@ -27,23 +27,22 @@ use std::time::Duration;
 use futures::{Stream, StreamExt, stream};
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, PartialObjectMeta};
-use kube::runtime::reflector::{self, Store};
+use kube::Client;
+use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Client, Resource};
 use rocefabric_api::constants::{FABRIC_LABEL, REGION_ANNOTATION};
 use rocefabric_api::{NodeCounts, RoceFabric, RoceNode};
-use serde::de::DeserializeOwned;
 use tokio::sync::{Mutex, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::apply::{ApplyError, Executor, Outcome};
+use crate::feed::{Feed, Seen};
 use crate::http::Health;
 use crate::metrics::{FabricFigures, Metrics};
+use crate::planner::incremental::Incremental;
 use crate::planner::{self, Plan, PlanOptions, World, Write};
 use crate::rate::TokenBucket;
-use crate::regions::FreedRegions;
 
 /// Longest wait for one write. A leader steps down at most its renew deadline (10 s) after the
 /// last renewal it sent, and another replica takes over no sooner than the lease duration
@@ -141,6 +140,8 @@ pub struct PassSummary {
     pub stopped: bool,
     /// Time the writes waited for the write rate limit.
     pub throttled: Duration,
+    /// Region annotations written: (namespace, pod, uid, value).
+    pub annotated: Vec<(String, String, Option<String>, String)>,
 }
 
 impl PassSummary {
@@ -232,6 +233,30 @@ impl AnnotationOverlay {
             }
         }
         self.entries.retain(|key, _| keep.contains(key));
+    }
+
+    /// Put a remembered value into one pod as it arrives from the watch; forget the entry once
+    /// the pod shows it, is replaced by another of the same name, or the entry is past the TTL.
+    pub fn patch_one(&mut self, pod: &mut Pod) {
+        let key = (
+            pod.metadata.namespace.clone().unwrap_or_default(),
+            pod.metadata.name.clone().unwrap_or_default(),
+        );
+        let Some(entry) = self.entries.get(&key) else {
+            return;
+        };
+        let stale = entry.at.elapsed() >= Self::TTL;
+        let replaced = entry.uid.is_some() && entry.uid != pod.metadata.uid;
+        let annotations = pod.metadata.annotations.get_or_insert_default();
+        let shown = annotations.get(REGION_ANNOTATION) == Some(&entry.value);
+        if stale || replaced || shown {
+            self.entries.remove(&key);
+            if annotations.is_empty() {
+                pod.metadata.annotations = None;
+            }
+            return;
+        }
+        annotations.insert(REGION_ANNOTATION.to_string(), entry.value.clone());
     }
 
     /// Forget everything (on a change of leadership: another leader may have written since).
@@ -370,7 +395,13 @@ pub async fn execute_all(ctx: &Context, writes: &[Write], summary: &mut PassSumm
                     ..
                 } = write
                 {
-                    ctx.overlay.lock().await.record(namespace, pod, uid, value);
+                    ctx.overlay
+                        .lock()
+                        .await
+                        .record(namespace, pod, uid.clone(), value);
+                    summary
+                        .annotated
+                        .push((namespace.clone(), pod.clone(), uid, value.clone()));
                 }
             }
             Ok(Outcome::AlreadyDone) => summary.already_done += 1,
@@ -408,12 +439,22 @@ fn figures(plan: &Plan) -> Vec<(String, FabricFigures)> {
         .collect()
 }
 
-/// One pass: plan over `world`, execute the writes in order, update the metrics.
+/// One pass: plan over `world` in full, execute the writes in order, update the metrics.
 #[tracing::instrument(skip_all, fields(fabrics = world.fabrics.len(), nodes = world.nodes.len(), pods = world.pods.len()))]
 pub async fn reconcile_once(ctx: &Context, world: &World) -> PassSummary {
     let started = Instant::now();
     let plan = planner::plan(world, &ctx.options);
-    let planned = started.elapsed();
+    execute_plan(ctx, plan, started, started.elapsed()).await
+}
+
+/// Execute a plan's writes in order and update the metrics; `planned` is the planner's share
+/// of the pass that began at `started`.
+pub async fn execute_plan(
+    ctx: &Context,
+    plan: Plan,
+    started: Instant,
+    planned: Duration,
+) -> PassSummary {
     let mut summary = PassSummary::default();
     execute_all(ctx, &plan.writes, &mut summary).await;
     let figures = figures(&plan);
@@ -466,158 +507,56 @@ impl Backoff {
     }
 }
 
-/// The watch caches.
-#[derive(Clone)]
-pub struct Stores {
-    pub fabrics: Store<RoceFabric>,
-    pub nodes: Store<PartialObjectMeta<Node>>,
-    pub roce_nodes: Store<RoceNode>,
-    pub pods: Store<Pod>,
-    pub config_maps: Store<ConfigMap>,
+/// The planner behind a lock: the watch task feeds it, the loop plans with it.
+pub type SharedFeed = Arc<std::sync::Mutex<Feed>>;
+
+fn lock(feed: &SharedFeed) -> std::sync::MutexGuard<'_, Feed> {
+    // A panic while holding it leaves the maps as they were between two events: keep going.
+    feed.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-impl std::fmt::Debug for Stores {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Stores")
-            .field("fabrics", &self.fabrics.len())
-            .field("nodes", &self.nodes.len())
-            .field("roce_nodes", &self.roce_nodes.len())
-            .field("pods", &self.pods.len())
-            .field("config_maps", &self.config_maps.len())
-            .finish()
-    }
-}
-
-fn cloned<K>(store: &Store<K>) -> Vec<K>
-where
-    K: Resource + Clone + 'static,
-    K::DynamicType: std::hash::Hash + Eq + Clone,
-{
-    store.state().iter().map(|k| K::clone(k)).collect()
-}
-
-impl Stores {
-    /// The world as the caches hold it now.
-    pub fn world(&self, now: Timestamp, freed: FreedRegions) -> World {
-        let nodes = self
-            .nodes
-            .state()
-            .iter()
-            .map(|meta| Node {
-                metadata: meta.metadata.clone(),
-                spec: None,
-                status: None,
-            })
-            .collect();
-        World {
-            fabrics: cloned(&self.fabrics),
-            nodes,
-            roce_nodes: cloned(&self.roce_nodes),
-            pods: cloned(&self.pods),
-            config_maps: cloned(&self.config_maps),
-            now,
-            freed,
-        }
-    }
-
-    /// Wait until every cache has listed once.
-    pub async fn wait_until_ready(&self) -> Result<(), ControllerError> {
-        let never = |resource| move |_| ControllerError::CacheNeverSynced { resource };
-        self.fabrics
-            .wait_until_ready()
-            .await
-            .map_err(never("rocefabrics"))?;
-        self.nodes
-            .wait_until_ready()
-            .await
-            .map_err(never("nodes"))?;
-        self.roce_nodes
-            .wait_until_ready()
-            .await
-            .map_err(never("rocenodes"))?;
-        self.pods.wait_until_ready().await.map_err(never("pods"))?;
-        self.config_maps
-            .wait_until_ready()
-            .await
-            .map_err(never("configmaps"))?;
-        Ok(())
-    }
-}
-
-/// A watch event reduced to what the loop needs: something changed, or the watch failed.
-pub enum Tick {
-    Changed,
-    Quiet,
-    Failed(&'static str, watcher::Error),
-}
-
-fn ticks<K>(
-    resource: &'static str,
+fn seen<K>(
     events: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
-) -> stream::BoxStream<'static, Tick> {
+    resource: &'static str,
+    wrap: fn(watcher::Event<K>) -> Seen,
+) -> stream::BoxStream<'static, Result<Seen, (&'static str, watcher::Error)>>
+where
+    K: Send + 'static,
+{
     events
-        .map(move |event| match event {
-            Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone) => {
-                Tick::Changed
-            }
-            Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => Tick::Quiet,
-            Err(error) => Tick::Failed(resource, error),
-        })
+        .map(move |e| e.map(wrap).map_err(|error| (resource, error)))
         .boxed()
 }
 
-fn watch_into<K>(
-    api: Api<K>,
-    config: watcher::Config,
-    resource: &'static str,
-) -> (Store<K>, stream::BoxStream<'static, Tick>)
-where
-    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
-    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
-{
-    let (store, writer) = reflector::store();
-    let events = watcher(api, config).default_backoff().reflect(writer);
-    (store, ticks(resource, events))
-}
-
-/// Start the watches: the stores, and one stream of ticks that must be polled to fill them.
-pub fn watches(client: &Client) -> (Stores, stream::BoxStream<'static, Tick>) {
-    let (fabrics, f) = watch_into(
-        Api::<RoceFabric>::all(client.clone()),
-        watcher::Config::default(),
-        "rocefabrics",
-    );
-    let (roce_nodes, r) = watch_into(
-        Api::<RoceNode>::all(client.clone()),
-        watcher::Config::default(),
-        "rocenodes",
-    );
-    let (config_maps, c) = watch_into(
+/// Start the five watches, as one stream of events for [`Feed::seen`].
+pub fn watches(
+    client: &Client,
+) -> stream::BoxStream<'static, Result<Seen, (&'static str, watcher::Error)>> {
+    let all = watcher::Config::default;
+    let fabrics = watcher(Api::<RoceFabric>::all(client.clone()), all()).default_backoff();
+    let roce_nodes = watcher(Api::<RoceNode>::all(client.clone()), all()).default_backoff();
+    let config_maps = watcher(
         Api::<ConfigMap>::all(client.clone()),
-        watcher::Config::default().labels(FABRIC_LABEL),
-        "configmaps",
-    );
-    let (pods, pod_writer) = reflector::store();
-    let pod_events = watcher(Api::<Pod>::all(client.clone()), watcher::Config::default())
-        .modify(crate::trim::pod)
-        .default_backoff()
-        .reflect(pod_writer);
-    let p = ticks("pods", pod_events);
+        all().labels(FABRIC_LABEL),
+    )
+    .default_backoff();
+    let pods = watcher(Api::<Pod>::all(client.clone()), all()).default_backoff();
     // Nodes as metadata only: the planner selects by labels, and full Nodes (images,
     // conditions) would dominate the operator's memory.
-    let (nodes, n) = watch_into(
-        Api::<PartialObjectMeta<Node>>::all(client.clone()),
-        watcher::Config::default(),
-        "nodes",
-    );
-    let stores = Stores {
-        fabrics,
-        nodes,
-        roce_nodes,
-        pods,
-        config_maps,
-    };
-    (stores, stream::select_all([f, n, r, p, c]).boxed())
+    let nodes = watcher(
+        Api::<kube::api::PartialObjectMeta<Node>>::all(client.clone()),
+        all(),
+    )
+    .default_backoff();
+    stream::select_all([
+        seen(fabrics, "rocefabrics", Seen::Fabric),
+        seen(nodes, "nodes", Seen::Node),
+        seen(roce_nodes, "rocenodes", Seen::RoceNode),
+        seen(pods, "pods", Seen::Pod),
+        seen(config_maps, "configmaps", Seen::ConfigMap),
+    ])
+    .boxed()
 }
 
 /// Run the controller until `shutdown`: watch, and while `leader` is true, reconcile.
@@ -629,29 +568,11 @@ pub async fn run(
     leader: watch::Receiver<bool>,
     shutdown: CancellationToken,
 ) -> Result<(), ControllerError> {
-    let (stores, mut tick_stream) = watches(&client);
+    let mut events = watches(&client);
+    let feed: SharedFeed = Arc::new(std::sync::Mutex::new(Feed::new(Incremental::new(
+        config.plan.clone(),
+    ))));
     let (changed_tx, changed_rx) = watch::channel(0u64);
-    let watch_metrics = metrics.clone();
-    let watch_shutdown = shutdown.clone();
-    let driver = tokio::spawn(async move {
-        loop {
-            let tick = tokio::select! {
-                () = watch_shutdown.cancelled() => break,
-                tick = tick_stream.next() => tick,
-            };
-            match tick {
-                Some(Tick::Changed) => {
-                    changed_tx.send_modify(|n| *n = n.wrapping_add(1));
-                }
-                Some(Tick::Quiet) => {}
-                Some(Tick::Failed(resource, error)) => {
-                    tracing::warn!(resource, %error, "watch failed; retrying with backoff");
-                    watch_metrics.failure("watch");
-                }
-                None => break,
-            }
-        }
-    });
     let mut ctx = Context::new(
         client,
         &config.identity,
@@ -662,15 +583,33 @@ pub async fn run(
     ctx.stop = shutdown.clone();
     ctx.write_limit = Mutex::new(config.write_limit.clone());
     ctx.health = Some(health.clone());
-    let result = reconcile_loop(
-        &ctx,
-        &stores,
-        &config,
-        &health,
-        changed_rx,
-        shutdown.clone(),
-    )
-    .await;
+    let ctx = Arc::new(ctx);
+    let watch_metrics = metrics.clone();
+    let watch_shutdown = shutdown.clone();
+    let (watch_feed, watch_ctx) = (feed.clone(), ctx.clone());
+    let driver = tokio::spawn(async move {
+        loop {
+            let event = tokio::select! {
+                () = watch_shutdown.cancelled() => break,
+                event = events.next() => event,
+            };
+            match event {
+                Some(Ok(seen)) => {
+                    let mut overlay = watch_ctx.overlay.lock().await;
+                    let changed = lock(&watch_feed).seen(seen, &mut overlay);
+                    if changed {
+                        changed_tx.send_modify(|n| *n = n.wrapping_add(1));
+                    }
+                }
+                Some(Err((resource, error))) => {
+                    tracing::warn!(resource, %error, "watch failed; retrying with backoff");
+                    watch_metrics.failure("watch");
+                }
+                None => break,
+            }
+        }
+    });
+    let result = reconcile_loop(&ctx, &feed, &config, &health, changed_rx, shutdown.clone()).await;
     shutdown.cancel();
     if let Err(error) = driver.await {
         tracing::warn!(%error, "watch task ended abnormally");
@@ -686,35 +625,43 @@ async fn leadership_change(leader: &mut watch::Receiver<bool>) {
     }
 }
 
-/// The loop proper, over stores that some other task keeps filled (tests drive it directly).
+/// The loop proper, over a feed that some other task keeps filled.
 pub async fn reconcile_loop(
     ctx: &Context,
-    stores: &Stores,
+    feed: &SharedFeed,
     config: &ControllerConfig,
     health: &Health,
     mut changed: watch::Receiver<u64>,
     shutdown: CancellationToken,
 ) -> Result<(), ControllerError> {
-    tokio::select! {
-        biased;
-        () = shutdown.cancelled() => return Ok(()),
-        ready = stores.wait_until_ready() => {
-            // On shutdown the watches end, which can win the race against the token: a cache
-            // that never synced because we are stopping is not a failure.
-            if shutdown.is_cancelled() {
-                return Ok(());
+    while !lock(feed).synced() {
+        tokio::select! {
+            () = shutdown.cancelled() => return Ok(()),
+            res = changed.changed() => {
+                if res.is_err() {
+                    if shutdown.is_cancelled() {
+                        return Ok(());
+                    }
+                    return Err(ControllerError::CacheNeverSynced { resource: "watches" });
+                }
             }
-            ready?;
         }
     }
     health.set_ready(true);
     ctx.metrics.cache_synced.set(1.0);
-    tracing::info!(?stores, "caches synced");
+    let (fabrics, nodes, roce_nodes, pods, config_maps) = lock(feed).planner.sizes();
+    tracing::info!(
+        fabrics,
+        nodes,
+        roce_nodes,
+        pods,
+        config_maps,
+        "caches synced"
+    );
 
     // A leader passes at least every resync; three resyncs (at least a minute) without one is stuck.
     health.set_stall_after((config.resync * 3).max(Duration::from_secs(60)));
     let mut leader = ctx.leader.clone();
-    let mut freed = FreedRegions::default();
     let mut backoff = Backoff::new(config.backoff_min, config.backoff_max);
     let mut next_pass = Instant::now();
     let mut was_leader = false;
@@ -739,7 +686,7 @@ pub async fn reconcile_loop(
             was_leader = true;
             health.progress(true);
             next_pass = Instant::now();
-            freed = FreedRegions::default();
+            lock(feed).planner.forget_memory();
             ctx.overlay.lock().await.clear();
         }
         tokio::select! {
@@ -758,11 +705,29 @@ pub async fn reconcile_loop(
         if !*leader.borrow() {
             continue;
         }
-        let mut world = stores.world(Timestamp::now(), freed.clone());
-        ctx.overlay.lock().await.patch(&mut world.pods);
-        let summary = reconcile_once(ctx, &world).await;
+        let started = Instant::now();
+        let (plan, figures) = {
+            let mut feed = lock(feed);
+            let plan = feed.planner.plan(Timestamp::now());
+            (plan, feed.planner.figures())
+        };
+        let planned = started.elapsed();
+        tracing::debug!(
+            full_passes = figures.full_passes,
+            incremental_plans = figures.incremental_plans,
+            changes = figures.changes,
+            fallbacks = figures.fallbacks,
+            "planner"
+        );
+        let summary = execute_plan(ctx, plan, started, planned).await;
         health.progress(true);
-        freed = summary.plan.freed.clone();
+        {
+            let mut feed = lock(feed);
+            for (namespace, pod, uid, value) in &summary.annotated {
+                feed.planner
+                    .annotated(namespace, pod, uid.as_deref(), value);
+            }
+        }
         let requeue = summary
             .plan
             .requeue_after

@@ -2,6 +2,7 @@
 pub mod apply;
 pub mod cli;
 pub mod controller;
+pub mod feed;
 pub mod http;
 pub mod leader;
 pub mod metrics;

@@ -1,0 +1,167 @@
+//! The watches' events, fed into the incremental planner: the planner's own object maps are the
+//! operator's only cache (no reflector stores beside them), so each object is held once.
+//!
+//! A watch's (re)list arrives as `Init`, `InitApply`.., `InitDone`: the listed objects are
+//! buffered and replace that kind's objects at `InitDone` (a full pass follows). Single events
+//! go to the planner as they come.
+
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use kube::api::PartialObjectMeta;
+use kube::runtime::watcher::Event;
+use rocefabric_api::{RoceFabric, RoceNode};
+
+use crate::controller::AnnotationOverlay;
+use crate::planner::incremental::Incremental;
+
+/// One event of one of the five watches (moved along once each, so their sizes may differ).
+#[allow(clippy::large_enum_variant)]
+pub enum Seen {
+    Fabric(Event<RoceFabric>),
+    Node(Event<PartialObjectMeta<Node>>),
+    RoceNode(Event<RoceNode>),
+    Pod(Event<Pod>),
+    ConfigMap(Event<ConfigMap>),
+}
+
+/// Buffers of lists in progress, one per kind.
+#[derive(Default)]
+struct Listing {
+    fabrics: Option<Vec<RoceFabric>>,
+    nodes: Option<Vec<Node>>,
+    roce_nodes: Option<Vec<RoceNode>>,
+    pods: Option<Vec<Pod>>,
+    config_maps: Option<Vec<ConfigMap>>,
+}
+
+/// The planner and what the watches have shown it.
+pub struct Feed {
+    pub planner: Incremental,
+    listing: Listing,
+    /// Per kind (fabrics, nodes, RoceNodes, pods, ConfigMaps): listed once.
+    synced: [bool; 5],
+}
+
+fn node_of(meta: PartialObjectMeta<Node>) -> Node {
+    let mut node = Node {
+        metadata: meta.metadata,
+        spec: None,
+        status: None,
+    };
+    crate::trim::node(&mut node);
+    node
+}
+
+fn name_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> (&str, &str) {
+    (
+        meta.namespace.as_deref().unwrap_or_default(),
+        meta.name.as_deref().unwrap_or_default(),
+    )
+}
+
+impl Feed {
+    pub fn new(planner: Incremental) -> Self {
+        Self {
+            planner,
+            listing: Listing::default(),
+            synced: [false; 5],
+        }
+    }
+
+    /// Every watch has listed once.
+    pub fn synced(&self) -> bool {
+        self.synced.iter().all(|s| *s)
+    }
+
+    /// Take one event. Pods are trimmed to what the planner reads, and get back a region
+    /// annotation we wrote that the watch does not show yet (`overlay`). Returns whether the
+    /// world changed.
+    pub fn seen(&mut self, seen: Seen, overlay: &mut AnnotationOverlay) -> bool {
+        let p = &mut self.planner;
+        let l = &mut self.listing;
+        macro_rules! listing {
+            ($event:expr, $slot:ident, $idx:expr, $map:expr, $upsert:expr, $remove:expr, $replace:expr) => {
+                match $event {
+                    Event::Init => {
+                        l.$slot = Some(Vec::new());
+                        false
+                    }
+                    Event::InitApply(obj) => {
+                        l.$slot.get_or_insert_default().push($map(obj));
+                        false
+                    }
+                    Event::InitDone => {
+                        let items = l.$slot.take().unwrap_or_default();
+                        $replace(p, items);
+                        self.synced[$idx] = true;
+                        true
+                    }
+                    Event::Apply(obj) => {
+                        $upsert(p, $map(obj));
+                        true
+                    }
+                    Event::Delete(obj) => {
+                        $remove(p, $map(obj));
+                        true
+                    }
+                }
+            };
+        }
+        match seen {
+            Seen::Fabric(e) => listing!(
+                e,
+                fabrics,
+                0,
+                |f| f,
+                |p: &mut Incremental, f| p.upsert_fabric(f),
+                |p: &mut Incremental, f: RoceFabric| p.remove_fabric(name_of(&f.metadata).1),
+                |p: &mut Incremental, items| p.replace_fabrics(items)
+            ),
+            Seen::Node(e) => listing!(
+                e,
+                nodes,
+                1,
+                node_of,
+                |p: &mut Incremental, n| p.upsert_node(n),
+                |p: &mut Incremental, n: Node| p.remove_node(name_of(&n.metadata).1),
+                |p: &mut Incremental, items| p.replace_nodes(items)
+            ),
+            Seen::RoceNode(e) => listing!(
+                e,
+                roce_nodes,
+                2,
+                |n| n,
+                |p: &mut Incremental, n| p.upsert_roce_node(n),
+                |p: &mut Incremental, n: RoceNode| p.remove_roce_node(name_of(&n.metadata).1),
+                |p: &mut Incremental, items| p.replace_roce_nodes(items)
+            ),
+            Seen::Pod(e) => listing!(
+                e,
+                pods,
+                3,
+                |mut pod: Pod| {
+                    crate::trim::pod(&mut pod);
+                    overlay.patch_one(&mut pod);
+                    pod
+                },
+                |p: &mut Incremental, pod| p.upsert_pod(pod),
+                |p: &mut Incremental, pod: Pod| {
+                    let (ns, name) = name_of(&pod.metadata);
+                    p.remove_pod(ns, name)
+                },
+                |p: &mut Incremental, items| p.replace_pods(items)
+            ),
+            Seen::ConfigMap(e) => listing!(
+                e,
+                config_maps,
+                4,
+                |cm| cm,
+                |p: &mut Incremental, cm| p.upsert_config_map(cm),
+                |p: &mut Incremental, cm: ConfigMap| {
+                    let (ns, name) = name_of(&cm.metadata);
+                    p.remove_config_map(ns, name)
+                },
+                |p: &mut Incremental, items| p.replace_config_maps(items)
+            ),
+        }
+    }
+}
