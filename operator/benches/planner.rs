@@ -6,17 +6,13 @@
 //! on top of it. That allocator copies on every `realloc`, so times are slightly pessimistic.
 #![allow(clippy::unwrap_used)] // a benchmark fails loudly
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Node, Pod, PodSchedulingGate, PodSpec, PodStatus};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, ObjectMeta, Time};
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use k8s_openapi::jiff::Timestamp;
-use rocefabric_api::constants::{REGION_ANNOTATION, REGION_SCHEDULING_GATE, condition};
-use rocefabric_api::{RoceFabric, RoceFabricSpec, RoceNodeStatus, RolloutSpec, SharedMemorySpec};
+use rocefabric_api::constants::REGION_ANNOTATION;
 use rocefabric_operator::planner::writes::{
     region_directory_name, region_directory_object, roce_node_object,
 };
@@ -43,87 +39,8 @@ fn peak_of<T>(f: impl FnOnce() -> T) -> (T, usize) {
     (out, HEAP.peak_usage().saturating_sub(before))
 }
 
-fn labels(pairs: &[(&str, &str)]) -> Option<BTreeMap<String, String>> {
-    Some(
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-    )
-}
-
 fn world() -> World {
-    let t0 = Timestamp::from_second(1_767_225_600).unwrap();
-    let mut fabric = RoceFabric::new(
-        "training",
-        RoceFabricSpec {
-            node_selector: LabelSelector {
-                match_labels: labels(&[("gpu", "h100")]),
-                ..LabelSelector::default()
-            },
-            shared_memory: Some(SharedMemorySpec {
-                region_size: Quantity("1Gi".into()),
-                max_regions: 65_536,
-                max_regions_per_pod: None,
-                max_regions_per_namespace: None,
-                pod_selector: LabelSelector {
-                    match_labels: labels(&[("app", "train")]),
-                    ..LabelSelector::default()
-                },
-            }),
-            rollout: RolloutSpec {
-                max_unavailable: IntOrString::String("10%".into()),
-            },
-            ..RoceFabricSpec::default()
-        },
-    );
-    fabric.metadata.uid = Some("uid-training".into());
-    fabric.metadata.generation = Some(1);
-    fabric.metadata.creation_timestamp = Some(Time(t0));
-    let nodes: Vec<Node> = (0..NODES)
-        .map(|i| Node {
-            metadata: ObjectMeta {
-                name: Some(format!("dgx-{i:05}")),
-                labels: labels(&[
-                    ("gpu", "h100"),
-                    ("kubernetes.io/hostname", &format!("dgx-{i:05}")),
-                    ("rack", &format!("r{}", i / 32)),
-                ]),
-                ..ObjectMeta::default()
-            },
-            ..Node::default()
-        })
-        .collect();
-    let pods: Vec<Pod> = (0..PODS)
-        .map(|i| Pod {
-            metadata: ObjectMeta {
-                name: Some(format!("worker-{i:06}")),
-                namespace: Some(format!("team-{:03}", i % NAMESPACES)),
-                uid: Some(format!("uid-{i}")),
-                labels: labels(&[("app", "train"), ("job", &format!("job-{}", i / 64))]),
-                creation_timestamp: Some(Time(t0 + Duration::from_secs(i as u64))),
-                ..ObjectMeta::default()
-            },
-            spec: Some(PodSpec {
-                scheduling_gates: Some(vec![PodSchedulingGate {
-                    name: REGION_SCHEDULING_GATE.into(),
-                }]),
-                node_name: Some(format!("dgx-{:05}", i % NODES)),
-                ..PodSpec::default()
-            }),
-            status: Some(PodStatus {
-                phase: Some("Pending".into()),
-                pod_ip: Some(format!("10.{}.{}.{}", i / 65536, (i / 256) % 256, i % 256)),
-                ..PodStatus::default()
-            }),
-        })
-        .collect();
-    World {
-        fabrics: vec![fabric],
-        nodes,
-        pods,
-        ..World::empty(t0 + Duration::from_secs(86_400))
-    }
+    common::world(NODES, PODS, NAMESPACES, "1Gi", 65_536)
 }
 
 /// Apply a plan's writes (as the API server would) and let every node report success.
@@ -193,18 +110,7 @@ fn apply(world: &mut World, p: &Plan) {
     }
     world.freed = p.freed.clone();
     for rn in &mut world.roce_nodes {
-        rn.status = Some(RoceNodeStatus {
-            fabric_generation: Some(rn.spec.fabric_generation),
-            conditions: vec![Condition {
-                type_: condition::QOS_APPLIED.into(),
-                status: "True".into(),
-                reason: "QosApplied".into(),
-                message: String::new(),
-                observed_generation: None,
-                last_transition_time: Time(world.now),
-            }],
-            ..RoceNodeStatus::default()
-        });
+        rn.status = Some(common::applied(rn.spec.fabric_generation, world.now));
     }
 }
 

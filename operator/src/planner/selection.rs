@@ -48,11 +48,13 @@ pub(crate) enum PodSelector {
 
 impl<'w> FabricView<'w> {
     pub fn new(obj: &'w RoceFabric) -> Self {
+        Self::checked(obj, validation_errors(obj))
+    }
+
+    /// The view of `obj`, whose schema and CEL validation found `errors` (the incremental
+    /// planner validates once per spec, not once per pass).
+    pub fn checked(obj: &'w RoceFabric, mut errors: Vec<FieldError>) -> Self {
         let meta = &obj.metadata;
-        let mut errors = match validate::fabric(obj) {
-            Ok(()) => Vec::new(),
-            Err(invalid) => invalid.errors,
-        };
         let node_selector = match parse_selector(&obj.spec.node_selector) {
             Ok(s) => Some(s),
             Err(message) => {
@@ -192,6 +194,14 @@ impl Router {
             None if p.gated() => Route::Unmatched,
             None => Route::Skip,
         }
+    }
+}
+
+/// What schema and CEL validation find wrong with a fabric.
+pub(crate) fn validation_errors(obj: &RoceFabric) -> Vec<FieldError> {
+    match validate::fabric(obj) {
+        Ok(()) => Vec::new(),
+        Err(invalid) => invalid.errors,
     }
 }
 

@@ -9,24 +9,26 @@
 //! rebuilt from it. The property test `operator/tests/incremental.rs` checks that both give the
 //! same plan after any sequence of changes.
 
+mod keyed;
 mod nodes;
 mod regions;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
-use rocefabric_api::constants::{FABRIC_LABEL, reason};
+use rocefabric_api::constants::FABRIC_LABEL;
 use rocefabric_api::{RegionCounts, RoceFabric, RoceNode};
 
 use super::pods::{self, PodRef};
 use super::report::PlanReport;
 use super::rollout::RolloutCounts;
 use super::selection::{self, FabricView, Route, Router};
-use super::writes::{Event, Write, region_directory_name};
+use super::writes::{Write, region_directory_name};
 use super::{Plan, PlanOptions, RegionFindings, World, directory_order, status};
 use crate::regions::{FreedRegions, Ledger};
+use keyed::Keyed;
 use nodes::{NodeSelectors, Owner, Rollout};
 use regions::{FullPass, PodKey, Regions, Step};
 
@@ -48,15 +50,17 @@ pub struct Figures {
 pub struct Incremental {
     opts: PlanOptions,
     fabrics: Vec<RoceFabric>,
-    nodes: BTreeMap<String, Node>,
-    roce_nodes: BTreeMap<String, RoceNode>,
-    pods: HashMap<PodKey, Pod>,
-    config_maps: BTreeMap<(String, String), ConfigMap>,
+    nodes: Keyed<String, Node>,
+    roce_nodes: Keyed<String, RoceNode>,
+    pods: Keyed<PodKey, Pod>,
+    config_maps: Keyed<PodKey, ConfigMap>,
     /// `None`: the next plan is a full pass.
     state: Option<State>,
     /// The memory for the next full pass while `state` is `None`.
     freed: FreedRegions,
     figures: Figures,
+    /// The fabrics' custom pod selectors (see [`Self::wants_pod`]).
+    pod_selectors: Vec<kube::core::Selector>,
 }
 
 /// The indexes of the last plan.
@@ -78,10 +82,10 @@ struct State {
     told: BTreeSet<String>,
     /// Directory writes of fabrics that are gone or have no shared memory.
     other_directory_writes: Vec<Write>,
-    /// Reassignment Events of frozen fabrics, as the last full pass made them.
-    region_events: Vec<Event>,
     /// Memory of inactive fabrics, kept as it was.
     kept_ledgers: BTreeMap<String, Ledger>,
+    /// Per fabric: what validation found (a status change does not change it).
+    validation: Vec<Vec<rocefabric_api::validate::FieldError>>,
     since: Option<Timestamp>,
 }
 
@@ -90,14 +94,54 @@ impl Incremental {
         Self {
             opts,
             fabrics: Vec::new(),
-            nodes: BTreeMap::new(),
-            roce_nodes: BTreeMap::new(),
-            pods: HashMap::new(),
-            config_maps: BTreeMap::new(),
+            nodes: Keyed::new(|n: &Node| name_key(&n.metadata)),
+            roce_nodes: Keyed::new(|n: &RoceNode| name_key(&n.metadata)),
+            pods: Keyed::new(|p: &Pod| object_key(&p.metadata)),
+            config_maps: Keyed::new(|c: &ConfigMap| object_key(&c.metadata)),
             state: None,
             freed: FreedRegions::default(),
             figures: Figures::default(),
+            pod_selectors: Vec::new(),
         }
+    }
+
+    /// Whether the planner can ever act on `pod`: labelled for a fabric, holding a region,
+    /// gated by us, or picked by a fabric's custom pod selector. Other pods (most of a large
+    /// cluster) are not held at all. An ungated pod that a custom selector added later picks is
+    /// seen at its next change.
+    pub fn wants_pod(&self, pod: &Pod) -> bool {
+        let meta = &pod.metadata;
+        let labels = selection::labels_of(meta.labels.as_ref());
+        labels.contains_key(FABRIC_LABEL)
+            || meta
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(rocefabric_api::constants::REGION_ANNOTATION))
+            || PodRef::new(pod).gated()
+            || self
+                .pod_selectors
+                .iter()
+                .any(|s| kube::core::SelectorExt::matches(s, labels))
+    }
+
+    fn fabrics_changed(&mut self) {
+        self.pod_selectors = self
+            .fabrics
+            .iter()
+            .filter_map(|f| f.spec.shared_memory.as_ref())
+            .filter(|sm| {
+                sm.pod_selector
+                    .match_labels
+                    .as_ref()
+                    .is_some_and(|l| !l.is_empty())
+                    || sm
+                        .pod_selector
+                        .match_expressions
+                        .as_ref()
+                        .is_some_and(|e| !e.is_empty())
+            })
+            .filter_map(|sm| selection::parse_selector(&sm.pod_selector).ok())
+            .collect();
     }
 
     pub fn figures(&self) -> Figures {
@@ -113,6 +157,18 @@ impl Incremental {
             self.pods.len(),
             self.config_maps.len(),
         )
+    }
+
+    /// A pod as held.
+    pub fn pod(&self, namespace: &str, name: &str) -> Option<&Pod> {
+        self.pods.get(&(namespace.to_string(), name.to_string()))
+    }
+
+    /// A fabric as held.
+    pub fn fabric(&self, name: &str) -> Option<&RoceFabric> {
+        self.fabrics
+            .iter()
+            .find(|f| f.metadata.name.as_deref() == Some(name))
     }
 
     /// The world as held now (for the reference planner and `plan`'s snapshots).
@@ -177,12 +233,14 @@ impl Incremental {
                 Step::Full
             }
         };
+        self.fabrics_changed();
         self.step(step);
     }
 
     pub fn remove_fabric(&mut self, name: &str) {
         self.fabrics
             .retain(|f| f.metadata.name.as_deref() != Some(name));
+        self.fabrics_changed();
         self.step(Step::Full);
     }
 
@@ -191,19 +249,21 @@ impl Incremental {
     pub fn upsert_node(&mut self, node: Node) {
         let name = node.metadata.name.clone().unwrap_or_default();
         let owner = self.state.as_ref().map(|s| s.selectors.owner_of(&node));
-        self.nodes.insert(name.clone(), node);
+        self.nodes.insert(node);
         if let (Some(owner), Some(state)) = (owner, self.state.as_mut()) {
-            state.move_node(&name, owner, &self.roce_nodes);
-            state.refresh_delete(&name, &self.nodes, &self.roce_nodes);
+            let rn = self.roce_nodes.get(&name);
+            state.move_node(&name, owner, rn);
+            state.refresh_delete(&name, true, rn);
         }
         self.figures.changes += 1;
     }
 
     pub fn remove_node(&mut self, name: &str) {
-        self.nodes.remove(name);
+        self.nodes.remove(&name.to_string());
         if let Some(state) = self.state.as_mut() {
-            state.move_node(name, Owner::default(), &self.roce_nodes);
-            state.refresh_delete(name, &self.nodes, &self.roce_nodes);
+            let rn = self.roce_nodes.get(&name.to_string());
+            state.move_node(name, Owner::default(), rn);
+            state.refresh_delete(name, false, rn);
         }
         self.figures.changes += 1;
     }
@@ -212,12 +272,12 @@ impl Incremental {
 
     pub fn upsert_roce_node(&mut self, rn: RoceNode) {
         let name = rn.metadata.name.clone().unwrap_or_default();
-        self.roce_nodes.insert(name.clone(), rn);
+        self.roce_nodes.insert(rn);
         self.roce_node_changed(&name);
     }
 
     pub fn remove_roce_node(&mut self, name: &str) {
-        self.roce_nodes.remove(name);
+        self.roce_nodes.remove(&name.to_string());
         self.roce_node_changed(name);
     }
 
@@ -226,9 +286,10 @@ impl Incremental {
             if let Some(owner) = state.owners.get(name).and_then(|o| o.owner)
                 && let Some(r) = state.rollouts[owner].as_mut()
             {
-                r.put(name, self.roce_nodes.get(name));
+                r.put(name, self.roce_nodes.get(&name.to_string()));
             }
-            state.refresh_delete(name, &self.nodes, &self.roce_nodes);
+            let exists = self.nodes.contains_key(&name.to_string());
+            state.refresh_delete(name, exists, self.roce_nodes.get(&name.to_string()));
         }
         self.figures.changes += 1;
     }
@@ -240,7 +301,13 @@ impl Incremental {
             pod.metadata.namespace.clone().unwrap_or_default(),
             pod.metadata.name.clone().unwrap_or_default(),
         );
-        let old = self.pods.insert(key.clone(), pod);
+        if !self.wants_pod(&pod) {
+            if self.pods.contains_key(&key) {
+                self.remove_pod(&key.0, &key.1);
+            }
+            return;
+        }
+        let old = self.pods.insert(pod);
         let step = match self.state.as_mut() {
             Some(state) => {
                 state.pod_changed(&key, old.as_ref(), self.pods.get(&key), &self.config_maps)
@@ -269,7 +336,7 @@ impl Incremental {
         );
         let fabric = directory_fabric(&cm);
         let had = if fabric.is_some() {
-            self.config_maps.insert(key.clone(), cm).is_some()
+            self.config_maps.insert(cm).is_some()
         } else {
             self.config_maps.remove(&key).is_some()
         };
@@ -318,49 +385,33 @@ impl Incremental {
     pub fn replace_fabrics(&mut self, items: Vec<RoceFabric>) {
         self.fall_back();
         self.fabrics = items;
+        self.fabrics_changed();
     }
 
     pub fn replace_nodes(&mut self, items: Vec<Node>) {
         self.fall_back();
-        self.nodes = keyed(items, |n| n.metadata.name.clone().unwrap_or_default());
+        self.nodes.replace(items);
     }
 
     pub fn replace_roce_nodes(&mut self, items: Vec<RoceNode>) {
         self.fall_back();
-        self.roce_nodes = keyed(items, |n| n.metadata.name.clone().unwrap_or_default());
+        self.roce_nodes.replace(items);
     }
 
     pub fn replace_pods(&mut self, items: Vec<Pod>) {
         self.fall_back();
-        self.pods = items
-            .into_iter()
-            .map(|p| {
-                (
-                    (
-                        p.metadata.namespace.clone().unwrap_or_default(),
-                        p.metadata.name.clone().unwrap_or_default(),
-                    ),
-                    p,
-                )
-            })
-            .collect();
+        let wanted: Vec<Pod> = items.into_iter().filter(|p| self.wants_pod(p)).collect();
+        self.pods.replace(wanted);
     }
 
     pub fn replace_config_maps(&mut self, items: Vec<ConfigMap>) {
         self.fall_back();
-        self.config_maps = items
-            .into_iter()
-            .filter(|cm| directory_fabric(cm).is_some())
-            .map(|cm| {
-                (
-                    (
-                        cm.metadata.namespace.clone().unwrap_or_default(),
-                        cm.metadata.name.clone().unwrap_or_default(),
-                    ),
-                    cm,
-                )
-            })
-            .collect();
+        self.config_maps.replace(
+            items
+                .into_iter()
+                .filter(|cm| directory_fabric(cm).is_some())
+                .collect(),
+        );
     }
 
     /// Our annotation write on `namespace/name` succeeded: hold the pod as the watch will show
@@ -411,22 +462,57 @@ impl Incremental {
     fn full(&mut self, now: Timestamp) -> Plan {
         self.fall_back();
         self.figures.full_passes += 1;
-        let world = self.world(now);
+        // The objects are lent to the full pass, not copied.
+        let world = World {
+            fabrics: std::mem::take(&mut self.fabrics),
+            nodes: self.nodes.lend(),
+            roce_nodes: self.roce_nodes.lend(),
+            pods: self.pods.lend(),
+            config_maps: self.config_maps.lend(),
+            now,
+            freed: std::mem::take(&mut self.freed),
+        };
         let mut findings = HashMap::new();
         let plan = super::plan_keeping(&world, &self.opts, Some(&mut findings));
         if plan.freed.hold_until.is_some() {
             // Right after a takeover every new window waits: plan in full until it ends.
             self.freed = plan.freed.clone();
         } else {
-            self.state = Some(State::build(&world, &plan, findings));
+            let index = &self.roce_nodes;
+            let roce_node = |name: &str| {
+                index
+                    .position(&name.to_string())
+                    .map(|i| &world.roce_nodes[i])
+            };
+            self.state = Some(State::build(&world, &plan, findings, &roce_node));
         }
+        self.fabrics = world.fabrics;
+        self.nodes.put_back(world.nodes);
+        self.roce_nodes.put_back(world.roce_nodes);
+        self.pods.put_back(world.pods);
+        self.config_maps.put_back(world.config_maps);
         plan
     }
 }
 
 impl State {
-    fn build(world: &World, plan: &Plan, mut findings: HashMap<String, RegionFindings>) -> Self {
-        let views: Vec<FabricView<'_>> = world.fabrics.iter().map(FabricView::new).collect();
+    fn build<'w>(
+        world: &'w World,
+        plan: &Plan,
+        mut findings: HashMap<String, RegionFindings>,
+        roce_node: &dyn Fn(&str) -> Option<&'w RoceNode>,
+    ) -> Self {
+        let validation: Vec<_> = world
+            .fabrics
+            .iter()
+            .map(selection::validation_errors)
+            .collect();
+        let views: Vec<FabricView<'_>> = world
+            .fabrics
+            .iter()
+            .zip(&validation)
+            .map(|(f, errors)| FabricView::checked(f, errors.clone()))
+            .collect();
         let age = selection::age_order(&views);
         let router = Router::new(&views, &age);
         let selectors = NodeSelectors::new(&views, &age);
@@ -452,19 +538,14 @@ impl State {
             unmatched: BTreeMap::new(),
             told: plan.freed.unmatched.clone(),
             other_directory_writes: Vec::new(),
-            region_events: Vec::new(),
             kept_ledgers: BTreeMap::new(),
+            validation: validation.clone(),
             since: plan.freed.since,
         };
-        let roce_nodes: BTreeMap<String, RoceNode> = world
-            .roce_nodes
-            .iter()
-            .map(|rn| (rn.metadata.name.clone().unwrap_or_default(), rn.clone()))
-            .collect();
         for node in &world.nodes {
             let name = node.metadata.name.clone().unwrap_or_default();
             let owner = state.selectors.owner_of(node);
-            state.move_node(&name, owner, &roce_nodes);
+            state.move_node(&name, owner, roce_node(&name));
         }
 
         // Pods by fabric, and the writes of the pass by pod and by directory.
@@ -507,9 +588,6 @@ impl State {
                     } else {
                         state.other_directory_writes.push(w.clone());
                     }
-                }
-                Write::Event(e) if e.reason == reason::REGION_REASSIGNED => {
-                    state.region_events.push(e.clone());
                 }
                 _ => {}
             }
@@ -556,7 +634,7 @@ impl State {
     }
 
     /// Move node `name` to `owner`.
-    fn move_node(&mut self, name: &str, owner: Owner, roce_nodes: &BTreeMap<String, RoceNode>) {
+    fn move_node(&mut self, name: &str, owner: Owner, rn: Option<&RoceNode>) {
         let old = self.owners.get(name).cloned().unwrap_or_default();
         if old == owner {
             return;
@@ -579,7 +657,7 @@ impl State {
             if let Some(o) = owner.owner {
                 self.owned[o] += 1;
                 if let Some(r) = self.rollouts[o].as_mut() {
-                    r.put(name, roce_nodes.get(name));
+                    r.put(name, rn);
                 }
             }
         }
@@ -592,17 +670,11 @@ impl State {
 
     /// Whether the RoceNode `name` is to be deleted: its node is gone or no fabric owns it, and
     /// it is not kept for an invalid or deleting fabric.
-    fn refresh_delete(
-        &mut self,
-        name: &str,
-        nodes: &BTreeMap<String, Node>,
-        roce_nodes: &BTreeMap<String, RoceNode>,
-    ) {
-        let Some(rn) = roce_nodes.get(name) else {
+    fn refresh_delete(&mut self, name: &str, exists: bool, rn: Option<&RoceNode>) {
+        let Some(rn) = rn else {
             self.deletes.remove(name);
             return;
         };
-        let exists = nodes.contains_key(name);
         let owned = self.owners.get(name).is_some_and(|o| o.owner.is_some());
         let kept_for_inactive = self
             .fabric_by_name
@@ -620,7 +692,7 @@ impl State {
         key: &PodKey,
         old: Option<&Pod>,
         new: Option<&Pod>,
-        configs: &BTreeMap<(String, String), ConfigMap>,
+        configs: &Keyed<PodKey, ConfigMap>,
     ) -> Step {
         let route = |pod: Option<&Pod>| match pod.filter(|p| pods::is_live(p)) {
             Some(p) => self.router.route(&PodRef::new(p)),
@@ -658,7 +730,12 @@ impl State {
     /// The plan now, read off the indexes.
     fn assemble(&mut self, world: &Incremental, now: Timestamp) -> Plan {
         let time = Time(now);
-        let views: Vec<FabricView<'_>> = world.fabrics.iter().map(FabricView::new).collect();
+        let views: Vec<FabricView<'_>> = world
+            .fabrics
+            .iter()
+            .zip(&self.validation)
+            .map(|(f, errors)| FabricView::checked(f, errors.clone()))
+            .collect();
         let mut by_name: Vec<usize> = (0..views.len()).collect();
         by_name.sort_by_key(|&f| views[f].name);
 
@@ -745,7 +822,6 @@ impl State {
             report.fabrics.push(fr);
         }
         writes.extend(fabric_events.into_iter().map(Write::Event));
-        writes.extend(self.region_events.iter().cloned().map(Write::Event));
         let mut told = BTreeSet::new();
         for (key, id) in &self.unmatched {
             if !self.told.contains(id)
@@ -801,6 +877,13 @@ fn directory_fabric(cm: &ConfigMap) -> Option<String> {
         .then(|| fabric.clone())
 }
 
-fn keyed<T>(items: Vec<T>, key: impl Fn(&T) -> String) -> BTreeMap<String, T> {
-    items.into_iter().map(|t| (key(&t), t)).collect()
+fn name_key(meta: &ObjectMeta) -> String {
+    meta.name.clone().unwrap_or_default()
+}
+
+fn object_key(meta: &ObjectMeta) -> PodKey {
+    (
+        meta.namespace.clone().unwrap_or_default(),
+        meta.name.clone().unwrap_or_default(),
+    )
 }

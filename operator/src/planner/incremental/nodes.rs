@@ -1,7 +1,7 @@
 //! Node ownership and rollout pacing, kept per node: a node or RoceNode change costs a few map
 //! operations, and a fabric's RoceNode writes are read off ordered sets.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 
 use k8s_openapi::api::core::v1::Node;
 use kube::core::{Selector, SelectorExt};
@@ -10,6 +10,7 @@ use rocefabric_api::{RoceFabric, RoceNode, RoceNodeSpec};
 use super::super::rollout::{self, Class, Report, RolloutCounts, count};
 use super::super::selection::{FabricView, labels_of};
 use super::super::writes::Write;
+use super::keyed::Keyed;
 
 /// Who owns a node, and which younger fabrics select it too.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -157,7 +158,7 @@ impl Rollout {
     pub fn plan(
         &self,
         obj: &RoceFabric,
-        roce_nodes: &BTreeMap<String, RoceNode>,
+        roce_nodes: &Keyed<String, RoceNode>,
         writes: &mut Vec<Write>,
     ) -> RolloutCounts {
         let selected = self.classes.len();

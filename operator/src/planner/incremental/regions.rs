@@ -3,8 +3,8 @@
 //!
 //! A change is handled here only when its outcome is certainly the full pass's (see each method);
 //! otherwise it answers [`Step::Full`] before touching anything, and the planner runs a full pass.
-//! A fabric whose last full pass found conflicts, reassignments or a takeover hold is kept frozen:
-//! its writes stand until the next full pass, and any pod change in it asks for one.
+//! A fabric whose last full pass found conflicts or reassignments is not indexed: every plan is
+//! a full pass while they last (conflicting windows cool down anew at each pass).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::Duration;
@@ -17,6 +17,7 @@ use super::super::RegionFindings;
 use super::super::directory::{self, DirectoryEntry, EntryRef, MAX_DIRECTORY_BYTES};
 use super::super::pods::{self, Claim, PodRef};
 use super::super::writes::{Write, region_directory_name};
+use super::keyed::Keyed;
 use crate::regions::{Cooling, Geometry, Ledger, SlotMap, Slots};
 
 /// `(namespace, name)`.
@@ -62,7 +63,7 @@ pub(crate) struct Regions {
     geometry: Geometry,
     per_pod: Option<u32>,
     per_namespace: Option<u32>,
-    /// Fast paths apply; otherwise the writes below stand until the next full pass.
+    /// Fast paths apply; otherwise every plan is a full pass.
     pub simple: bool,
     pods: HashMap<PodKey, PodEntry>,
     /// Pods whose request goes through the new-window phase (assigned, or waiting for room).
@@ -73,8 +74,6 @@ pub(crate) struct Regions {
     exhausted: BTreeMap<SortKey, String>,
     bad: BTreeMap<SortKey, (String, String)>,
     over_quota: BTreeMap<SortKey, (String, String)>,
-    /// As the last full pass found them (frozen fabrics only).
-    frozen: RegionFindings,
     /// `namespace/pod` -> window, now.
     live: HashMap<String, Slots>,
     cooling: Vec<Cooling>,
@@ -103,7 +102,7 @@ pub(crate) struct FullPass<'a> {
     pub findings: RegionFindings,
     pub pod_writes: BTreeMap<PodKey, Vec<Write>>,
     pub dir_writes: BTreeMap<String, Write>,
-    /// Report figures of the pass (used while frozen).
+    /// Report figures of the pass.
     pub live_slots: u32,
     pub region_count: u32,
     pub cooling_slots: u32,
@@ -148,7 +147,6 @@ impl Regions {
             exhausted: BTreeMap::new(),
             bad: BTreeMap::new(),
             over_quota: BTreeMap::new(),
-            frozen: RegionFindings::default(),
             live: pass.ledger.live,
             cooling: pass.ledger.cooling,
             uncommitted: HashSet::new(),
@@ -169,7 +167,6 @@ impl Regions {
             r.phase3.clear();
             r.assigned.clear();
             r.dirs.clear();
-            r.frozen = pass.findings;
         }
         r
     }
@@ -272,7 +269,7 @@ impl Regions {
     /// A new pod routed here. Covered when it has no annotation and sorts after every pod
     /// waiting for a new window: then the full pass would hand it the first fit of the map as
     /// it stands, after everyone else.
-    pub fn add(&mut self, pod: &Pod, configs: &BTreeMap<(String, String), ConfigMap>) -> Step {
+    pub fn add(&mut self, pod: &Pod, configs: &Keyed<PodKey, ConfigMap>) -> Step {
         let p = PodRef::new(pod);
         let key = pod_key(&p);
         if !self.simple || p.annotation.is_some() || self.pods.contains_key(&key) {
@@ -309,7 +306,7 @@ impl Regions {
         p: &PodRef<'_>,
         sort: &SortKey,
         len: u32,
-        configs: &BTreeMap<(String, String), ConfigMap>,
+        configs: &Keyed<PodKey, ConfigMap>,
     ) -> Held {
         let k = p.key();
         if let Some(cap) = self.per_namespace {
@@ -343,7 +340,7 @@ impl Regions {
         p: &PodRef<'_>,
         s: Slots,
         recorded: bool,
-        configs: &BTreeMap<(String, String), ConfigMap>,
+        configs: &Keyed<PodKey, ConfigMap>,
     ) {
         let a = self.geometry.assignment(&self.fabric, s);
         let writes = pods::pod_writes(p, &a, recorded);
@@ -362,7 +359,7 @@ impl Regions {
     /// A pod of this fabric changed and stays here. Covered when nothing its request is made of
     /// changed (order, size request, uid, recorded window), or when the annotation now records
     /// exactly the window it was assigned (our write, seen).
-    pub fn update(&mut self, pod: &Pod, configs: &BTreeMap<(String, String), ConfigMap>) -> Step {
+    pub fn update(&mut self, pod: &Pod, configs: &Keyed<PodKey, ConfigMap>) -> Step {
         let p = PodRef::new(pod);
         let key = pod_key(&p);
         if !self.simple {
@@ -407,11 +404,7 @@ impl Regions {
     }
 
     /// A pod left this fabric (deleted, finished, or routed elsewhere).
-    pub fn remove(
-        &mut self,
-        key: &PodKey,
-        configs: &BTreeMap<(String, String), ConfigMap>,
-    ) -> Step {
+    pub fn remove(&mut self, key: &PodKey, configs: &Keyed<PodKey, ConfigMap>) -> Step {
         if !self.simple {
             return Step::Full;
         }
@@ -486,11 +479,7 @@ impl Regions {
     }
 
     /// Re-render one namespace's directory and compare it with the ConfigMap there.
-    pub fn refresh_directory(
-        &mut self,
-        namespace: &str,
-        configs: &BTreeMap<(String, String), ConfigMap>,
-    ) {
+    pub fn refresh_directory(&mut self, namespace: &str, configs: &Keyed<PodKey, ConfigMap>) {
         let cm = configs.get(&(namespace.to_string(), region_directory_name(&self.fabric)));
         let entries = self.dirs.get(namespace).filter(|d| !d.is_empty());
         let Some(entries) = entries else {
@@ -538,7 +527,9 @@ impl Regions {
     /// expires while pods wait for new windows (they could take it).
     pub fn can_commit(&self, now: Timestamp) -> bool {
         if !self.simple {
-            return !self.cooling.iter().any(|c| c.until <= now);
+            // Conflicts and reserved windows cool down again at every pass: plan in full
+            // while they last.
+            return false;
         }
         let stale_assignment = self
             .assigned
@@ -622,9 +613,6 @@ impl Regions {
 
     /// The status findings, in the full pass's order.
     pub fn findings(&self) -> RegionFindings {
-        if !self.simple {
-            return self.frozen.clone();
-        }
         RegionFindings {
             exhausted: self.exhausted.values().cloned().collect(),
             bad_requests: self.bad.values().cloned().collect(),
