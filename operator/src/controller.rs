@@ -1,11 +1,13 @@
-//! The Kubernetes shell around the planner: watch caches, one reconcile loop, and the writer.
+//! The Kubernetes shell around the planner: the watches, one reconcile loop, and the writer.
 //!
-//! Every replica watches RoceFabrics, Nodes (metadata only), RoceNodes, Pods (trimmed to what
-//! the planner reads) and the region directory ConfigMaps (label `rocefabric.io/fabric`) into
-//! reflector stores, and reports ready once all of them have listed. Only the leader plans and
-//! writes: on any change (debounced), on the plan's `requeue_after`, on a periodic resync, and
-//! when it becomes leader, it builds a [`World`] from the stores, calls [`planner::plan`] and
-//! executes the writes in order ([`reconcile_once`]).
+//! Every replica watches RoceFabrics, Nodes (metadata only), RoceNodes, Pods and the region
+//! directory ConfigMaps (label `rocefabric.io/fabric`) and feeds each event to the incremental
+//! planner ([`crate::feed`]), whose object maps are the only cache: pods are trimmed to what the
+//! planner reads, and pods it can never act on are not kept. A replica reports ready once every
+//! watch has listed. Only the leader plans and writes: on any change (debounced), on the plan's
+//! `requeue_after`, on a periodic resync, and when it becomes leader (a full pass, its memory
+//! forgotten), it reads the plan off the planner and executes the writes in order
+//! ([`execute_plan`]; [`reconcile_once`] does the same with a full pass over a given world).
 //!
 //! Failure policy: a failed write does not stop the pass (the writes are independent) except
 //! that a pod's gate removal is skipped when the same pod's annotation write failed. A pass with

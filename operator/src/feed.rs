@@ -76,6 +76,19 @@ impl Feed {
     /// annotation we wrote that the watch does not show yet (`overlay`). Returns whether the
     /// world changed.
     pub fn seen(&mut self, seen: Seen, overlay: &mut AnnotationOverlay) -> bool {
+        // A listed pod the planner would not keep is dropped here, not buffered: the list of a
+        // 1,000,000-pod cluster must not be held whole.
+        let seen = match seen {
+            Seen::Pod(Event::InitApply(mut pod)) => {
+                crate::trim::pod(&mut pod);
+                overlay.patch_one(&mut pod);
+                if self.planner.wants_pod(&pod) {
+                    self.listing.pods.get_or_insert_default().push(pod);
+                }
+                return false;
+            }
+            other => other,
+        };
         let p = &mut self.planner;
         let l = &mut self.listing;
         macro_rules! listing {
@@ -163,5 +176,56 @@ impl Feed {
                 |p: &mut Incremental, items| p.replace_config_maps(items)
             ),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::planner::PlanOptions;
+
+    fn pod(name: &str, labels: &[(&str, &str)]) -> Pod {
+        let mut p = Pod::default();
+        p.metadata.namespace = Some("ns".into());
+        p.metadata.name = Some(name.into());
+        p.metadata.labels = Some(
+            labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        );
+        p
+    }
+
+    #[test]
+    fn a_list_keeps_only_pods_the_planner_can_act_on_and_marks_the_kind_synced() {
+        let mut feed = Feed::new(Incremental::new(PlanOptions::default()));
+        let mut overlay = AnnotationOverlay::default();
+        assert!(!feed.seen(Seen::Pod(Event::Init), &mut overlay));
+        for p in [
+            pod("app", &[("app", "web")]),
+            pod("member", &[("rocefabric.io/fabric", "f")]),
+        ] {
+            assert!(!feed.seen(Seen::Pod(Event::InitApply(p)), &mut overlay));
+        }
+        assert!(feed.seen(Seen::Pod(Event::InitDone), &mut overlay));
+        assert!(feed.planner.pod("ns", "member").is_some());
+        assert!(feed.planner.pod("ns", "app").is_none(), "not kept");
+        assert!(!feed.synced(), "four watches have not listed yet");
+
+        // A pod that gains the label is kept from its next event on; a deleted one goes.
+        feed.seen(
+            Seen::Pod(Event::Apply(pod("app", &[("rocefabric.io/fabric", "f")]))),
+            &mut overlay,
+        );
+        assert!(feed.planner.pod("ns", "app").is_some());
+        feed.seen(
+            Seen::Pod(Event::Delete(pod(
+                "member",
+                &[("rocefabric.io/fabric", "f")],
+            ))),
+            &mut overlay,
+        );
+        assert!(feed.planner.pod("ns", "member").is_none());
     }
 }
