@@ -815,6 +815,22 @@ fn container_args_are_accepted_by_the_binaries() {
     if let Err(e) = rocefabric_operator::cli::Cli::try_parse_from(&args) {
         panic!("rocefabric-operator rejects the chart's args {args:?}: {e}");
     }
+    assert!(!args.iter().any(|a| a.starts_with("--pod-label-selector")));
+    // Watching only fabric pods passes the label filter, and the binary takes it.
+    let filtered = render(
+        &engine,
+        serde_json::json!({"operator": {"watchOnlyFabricPods": true}}),
+    );
+    let op = pod_spec_of_deployment(&operator_deployment(&filtered));
+    let args = argv("rocefabric-operator", container(&op, "operator"));
+    assert!(
+        args.iter()
+            .any(|a| a == "--pod-label-selector=rocefabric.io/fabric"),
+        "{args:?}"
+    );
+    if let Err(e) = rocefabric_operator::cli::Cli::try_parse_from(&args) {
+        panic!("rocefabric-operator rejects the chart's args {args:?}: {e}");
+    }
     let node = pod_spec_of_daemonset(&node_daemonset(&objects));
     for name in ["device-plugin", "qos-agent"] {
         let args = argv("rocefabric-device-plugin", container(&node, name));

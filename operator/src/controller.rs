@@ -68,6 +68,8 @@ pub struct ControllerConfig {
     pub plan: PlanOptions,
     /// Pacing of writes toward the API server (`--write-qps`, `--write-burst`).
     pub write_limit: TokenBucket,
+    /// Watch only pods matching this label selector (`--pod-label-selector`).
+    pub pod_label_selector: Option<String>,
 }
 
 impl ControllerConfig {
@@ -81,6 +83,7 @@ impl ControllerConfig {
             backoff_max: Duration::from_secs(300),
             plan: PlanOptions::default(),
             write_limit: TokenBucket::unlimited(),
+            pod_label_selector: None,
         }
     }
 }
@@ -531,9 +534,11 @@ where
         .boxed()
 }
 
-/// Start the five watches, as one stream of events for [`Feed::seen`].
+/// Start the five watches, as one stream of events for [`Feed::seen`]; pods only those matching
+/// `pod_selector` when given.
 pub fn watches(
     client: &Client,
+    pod_selector: Option<&str>,
 ) -> stream::BoxStream<'static, Result<Seen, (&'static str, watcher::Error)>> {
     let all = watcher::Config::default;
     let fabrics = watcher(Api::<RoceFabric>::all(client.clone()), all()).default_backoff();
@@ -543,7 +548,11 @@ pub fn watches(
         all().labels(FABRIC_LABEL),
     )
     .default_backoff();
-    let pods = watcher(Api::<Pod>::all(client.clone()), all()).default_backoff();
+    let pod_config = match pod_selector {
+        Some(selector) => all().labels(selector),
+        None => all(),
+    };
+    let pods = watcher(Api::<Pod>::all(client.clone()), pod_config).default_backoff();
     // Nodes as metadata only: the planner selects by labels, and full Nodes (images,
     // conditions) would dominate the operator's memory.
     let nodes = watcher(
@@ -570,7 +579,7 @@ pub async fn run(
     leader: watch::Receiver<bool>,
     shutdown: CancellationToken,
 ) -> Result<(), ControllerError> {
-    let mut events = watches(&client);
+    let mut events = watches(&client, config.pod_label_selector.as_deref());
     let feed: SharedFeed = Arc::new(std::sync::Mutex::new(Feed::new(Incremental::new(
         config.plan.clone(),
     ))));

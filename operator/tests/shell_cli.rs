@@ -85,6 +85,20 @@ fn bad_log_format_is_rejected_naming_the_value() {
     );
 }
 
+#[test]
+fn a_bad_pod_label_selector_is_rejected_naming_the_value() {
+    let out = operator()
+        .args(["run", "--pod-label-selector", "app;rm"])
+        .output()
+        .expect("binary runs");
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("app;rm") && stderr.contains("--pod-label-selector"),
+        "{stderr}"
+    );
+}
+
 fn http_get(addr: &str, path: &str) -> Option<u16> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).ok()?;

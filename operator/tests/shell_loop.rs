@@ -208,3 +208,46 @@ async fn follower_is_quiet_then_takes_over_configures_goes_quiet_and_releases() 
         .expect("lease");
     assert_eq!(lease["spec"]["leaseDurationSeconds"], 1);
 }
+
+/// `--pod-label-selector`: the pods are listed and watched through the API server's label filter;
+/// the other watches are not filtered.
+#[tokio::test(start_paused = true)]
+async fn a_pod_label_selector_filters_only_the_pod_watch() {
+    let (client, fake) = FakeCluster::start(objects());
+    let shutdown = CancellationToken::new();
+    let (_leader_tx, leader_rx) = watch::channel(false);
+    let health = Arc::new(Health::default());
+    let ctrl = tokio::spawn(controller::run(
+        client,
+        ControllerConfig {
+            pod_label_selector: Some("rocefabric.io/fabric".into()),
+            ..ControllerConfig::new("op-1")
+        },
+        Arc::new(Metrics::new()),
+        health.clone(),
+        leader_rx,
+        shutdown.clone(),
+    ));
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(health.is_ready());
+    let log = fake.log();
+    let selector_of = |path: &str| -> Vec<Option<String>> {
+        log.iter()
+            .filter(|c| c.path == path)
+            .map(|c| c.query.get("labelSelector").cloned())
+            .collect()
+    };
+    let pods = selector_of("/api/v1/pods");
+    assert!(!pods.is_empty());
+    assert!(
+        pods.iter()
+            .all(|s| s.as_deref() == Some("rocefabric.io/fabric")),
+        "{pods:?}"
+    );
+    assert!(
+        selector_of("/api/v1/nodes").iter().all(Option::is_none),
+        "nodes are not filtered"
+    );
+    shutdown.cancel();
+    ctrl.await.expect("joins").expect("stops cleanly");
+}

@@ -55,9 +55,25 @@ pub struct RunArgs {
     /// Sustained writes a second toward the API server (0: no limit).
     #[arg(long, default_value_t = crate::rate::DEFAULT_QPS, value_parser = qps)]
     pub write_qps: f64,
+    /// List and watch only pods matching this label selector (e.g. `rocefabric.io/fabric`)
+    /// instead of every pod: every pod a fabric plans must then match it.
+    #[arg(long, value_parser = label_selector)]
+    pub pod_label_selector: Option<String>,
     /// Writes that may go at once before `--write-qps` paces them.
     #[arg(long, default_value_t = crate::rate::DEFAULT_BURST, value_parser = clap::value_parser!(u32).range(1..))]
     pub write_burst: u32,
+}
+
+/// A label selector as the API server takes it (`key`, `key=value`, `key in (a,b)`, ...): not
+/// empty, and only the characters of one (the API server checks the grammar).
+fn label_selector(text: &str) -> Result<String, String> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || "._-/=!(), ".contains(c);
+    if text.trim().is_empty() || !text.chars().all(allowed) {
+        return Err(format!(
+            "{text:?} is not a label selector such as rocefabric.io/fabric or app in (a,b)"
+        ));
+    }
+    Ok(text.to_string())
 }
 
 /// A rate: a finite number, zero or more.
@@ -162,6 +178,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         debounce: Duration::from_millis(args.debounce_ms),
         resync: Duration::from_secs(args.resync_seconds.max(1)),
         write_limit: crate::rate::TokenBucket::new(args.write_qps, args.write_burst),
+        pod_label_selector: args.pod_label_selector.clone(),
         // A new leader cannot know which windows its predecessor freed in the last grace period.
         plan: PlanOptions {
             hold_after_takeover: true,
