@@ -135,6 +135,30 @@ fn gated_pod_gets_its_window_in_the_container_and_the_directory() {
             "the directory names the owner pod's uid"
         );
 
+        // While it holds the window, its fabric label stays as it is (the operator may watch
+        // only labelled pods): removing or changing it is refused, other labels are not.
+        let params = kube::api::PatchParams {
+            dry_run: true,
+            ..Default::default()
+        };
+        for (what, patch) in [
+            ("removed", json!({"metadata": {"labels": {FABRIC_LABEL: null}}})),
+            ("changed", json!({"metadata": {"labels": {FABRIC_LABEL: "other"}}})),
+        ] {
+            let refused = pods
+                .patch(name, &params, &kube::api::Patch::Merge(&patch))
+                .await
+                .expect_err("the fabric label of a pod holding a window is kept");
+            assert!(
+                refused.to_string().contains("keeps its rocefabric.io/fabric label"),
+                "label {what}: {refused}"
+            );
+        }
+        let other = json!({"metadata": {"labels": {"team": "a"}}});
+        pods.patch(name, &params, &kube::api::Patch::Merge(&other))
+            .await
+            .expect("another label may change");
+
         // Deleting the pod frees it: the directory drops it.
         crate::delete_pod(&pods, name).await;
         eventually("directory entry removed", || async {
