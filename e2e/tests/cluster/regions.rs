@@ -142,15 +142,23 @@ fn gated_pod_gets_its_window_in_the_container_and_the_directory() {
             ..Default::default()
         };
         for (what, patch) in [
-            ("removed", json!({"metadata": {"labels": {FABRIC_LABEL: null}}})),
-            ("changed", json!({"metadata": {"labels": {FABRIC_LABEL: "other"}}})),
+            (
+                "removed",
+                json!({"metadata": {"labels": {FABRIC_LABEL: null}}}),
+            ),
+            (
+                "changed",
+                json!({"metadata": {"labels": {FABRIC_LABEL: "other"}}}),
+            ),
         ] {
             let refused = pods
                 .patch(name, &params, &kube::api::Patch::Merge(&patch))
                 .await
                 .expect_err("the fabric label of a pod holding a window is kept");
             assert!(
-                refused.to_string().contains("keeps its rocefabric.io/fabric label"),
+                refused
+                    .to_string()
+                    .contains("keeps its rocefabric.io/fabric label"),
                 "label {what}: {refused}"
             );
         }
@@ -251,4 +259,69 @@ fn a_freed_window_is_reused_only_after_the_grace_period() {
             .delete(GRACE_FABRIC, &kube::api::DeleteParams::default())
             .await;
     });
+}
+
+/// With `operator.watchOnlyFabricPods`, the operator lists and watches only pods labelled
+/// `rocefabric.io/fabric` (the API server filters them) and still gives a gated fabric pod its
+/// window.
+#[test]
+fn an_operator_watching_only_fabric_pods_still_assigns_windows() {
+    const TEST: &str = "an_operator_watching_only_fabric_pods_still_assigns_windows";
+    let Some(ctx) = cluster(TEST) else {
+        return;
+    };
+    let local = ctx.setup.local.clone();
+    let image = pod_image(local.as_ref());
+    crate::install_chart(
+        local.as_ref(),
+        &json!({"operator": {"watchOnlyFabricPods": true}}),
+    )
+    .expect("helm upgrade with watchOnlyFabricPods");
+    ctx.rt.block_on(async {
+        let client = &ctx.client;
+        rolled_out(client, Some("--pod-label-selector=rocefabric.io/fabric")).await;
+        let pods: Api<Pod> = Api::namespaced(client.clone(), WORKLOAD_NAMESPACE);
+        let name = "region-filtered";
+        create_pod(&pods, gated_pod(name, &image)).await;
+        let (_, region) = assigned_window(&pods, name).await;
+        assert_eq!(region.fabric, FABRIC);
+        crate::delete_pod(&pods, name).await;
+    });
+    crate::install_chart(local.as_ref(), &serde_json::Value::Null).expect("helm upgrade back");
+    ctx.rt.block_on(rolled_out(&ctx.client, None));
+}
+
+/// The operator Deployment has rolled out, its container's args holding `flag` (or no pod label
+/// selector at all).
+async fn rolled_out(client: &kube::Client, flag: Option<&str>) {
+    use k8s_openapi::api::apps::v1::Deployment;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), crate::NAMESPACE);
+    let name = format!("{}-operator", crate::RELEASE);
+    eventually("operator Deployment rolled out", || async {
+        let d = deployments.get(&name).await.map_err(|e| e.to_string())?;
+        let args = d
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.spec.as_ref())
+            .and_then(|s| s.containers.first())
+            .and_then(|c| c.args.clone())
+            .unwrap_or_default();
+        let has_flag = match flag {
+            Some(f) => args.iter().any(|a| a == f),
+            None => !args.iter().any(|a| a.starts_with("--pod-label-selector")),
+        };
+        let s = d.status.clone().unwrap_or_default();
+        let replicas = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+        let done = has_flag
+            && s.observed_generation == d.metadata.generation
+            && s.updated_replicas == Some(replicas)
+            && s.available_replicas == Some(replicas)
+            && s.replicas == Some(replicas);
+        if done {
+            Ok(())
+        } else {
+            Err(format!("args {args:?}, status {s:?}"))
+        }
+    })
+    .await;
 }
