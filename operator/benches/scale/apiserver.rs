@@ -1,0 +1,511 @@
+//! An in-process Kubernetes API server for the scale harness: HTTP/1.1 on 127.0.0.1, no auth,
+//! serving the generated world (see [`crate::scale::world`]) to the real operator binary.
+//!
+//! Built for size: pods and nodes are generated on read from one small record each, lists are
+//! paged (`limit`/`continue`) or streamed, watches are chunked JSON lines served from a change
+//! log, and `labelSelector` holds for lists and watches (an object that stops matching is
+//! DELETED for that watch, one that starts is ADDED). The objects the operator writes are kept
+//! as JSON text. Node agents and the scheduler are simulated: a RoceNode applied with a
+//! non-pending spec reports its QoS applied shortly after, and a pod whose last gate goes is
+//! bound to a node and running shortly after.
+//!
+//! The harness drives the world through [`ApiServer`] (add pods, change labels) and observes
+//! it (when a write on an object arrived, a census of the rollout and regions).
+
+mod changes;
+mod generated;
+mod http;
+mod objects;
+mod read;
+mod request;
+mod selector;
+mod simulate;
+mod watch;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::sync::{oneshot, watch as tokio_watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::scale::world::{self, NodeState, PodState, World};
+use changes::{Change, ChangeLog, ChangeType, Labels};
+use generated::{Nodes, Pods};
+use objects::Objects;
+pub use request::Resource;
+
+/// An answer other than success, sent as a `Status` object.
+#[derive(Debug, thiserror::Error)]
+#[error("{code} {reason}: {message}")]
+pub struct Failure {
+    pub code: u16,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl Failure {
+    pub fn new(code: u16, reason: &'static str, message: &str) -> Self {
+        Self {
+            code,
+            reason,
+            message: message.to_string(),
+        }
+    }
+
+    pub fn not_found(what: &str) -> Self {
+        Self::new(404, "NotFound", &format!("{what} not found"))
+    }
+
+    pub fn conflict(message: &str) -> Self {
+        Self::new(409, "Conflict", message)
+    }
+
+    pub fn internal(error: impl std::fmt::Display) -> Self {
+        Self::new(500, "InternalError", &error.to_string())
+    }
+
+    fn status_json(&self) -> String {
+        json!({"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
+               "message": self.message, "reason": self.reason, "code": self.code})
+        .to_string()
+    }
+}
+
+/// Knobs of the server.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// How long a simulated agent takes to report a RoceNode, and the scheduler to bind a pod.
+    pub react_after: Duration,
+    /// Bytes of watch history kept (older resourceVersions answer 410 Gone).
+    pub history_bytes: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            react_after: Duration::from_millis(20),
+            history_bytes: 128 << 20,
+        }
+    }
+}
+
+/// Where the rollout and the regions stand.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Census {
+    pub roce_nodes: usize,
+    /// RoceNodes whose agent reported the spec's generation applied.
+    pub configured: usize,
+    /// RoceNodes holding a pending (placeholder) spec.
+    pub pending: usize,
+    pub fabric_pods: usize,
+    pub annotated: usize,
+    pub gated: usize,
+    /// Namespaces with a live fabric pod.
+    pub fabric_namespaces: usize,
+    pub region_directories: usize,
+}
+
+/// Requests by verb and resource, and when the operator's first write came.
+#[derive(Debug, Default)]
+struct Seen {
+    first_write: Option<Instant>,
+    requests: BTreeMap<(&'static str, Resource), u64>,
+    waiters: HashMap<(Resource, String, String), Vec<oneshot::Sender<Instant>>>,
+}
+
+/// Everything behind the lock.
+pub(crate) struct State {
+    world: World,
+    rv: u64,
+    pods: Pods,
+    nodes: Nodes,
+    objects: Objects,
+    log: ChangeLog,
+    latest: tokio_watch::Sender<u64>,
+    seen: Seen,
+    sim: simulate::Queue,
+    /// RoceNodes by what their status says, kept on every write (a census reads no JSON).
+    configured: HashSet<String>,
+    pending: HashSet<String>,
+}
+
+pub(crate) struct Shared {
+    state: Mutex<State>,
+    latest: tokio_watch::Receiver<u64>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic elsewhere already fails the run; the state itself stays consistent.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl State {
+    fn next_rv(&mut self) -> u64 {
+        self.rv += 1;
+        self.rv
+    }
+
+    fn emit(
+        &mut self,
+        resource: Resource,
+        kind: ChangeType,
+        namespace: Option<&str>,
+        labels_before: Option<Labels>,
+        labels: Labels,
+        object: Arc<str>,
+    ) {
+        self.log.push(Change {
+            rv: self.rv,
+            resource,
+            kind,
+            namespace: namespace.map(Arc::from),
+            labels_before,
+            labels,
+            object,
+        });
+        self.latest.send_replace(self.rv);
+    }
+
+    /// Note a request; wake whoever waits for a write on its object.
+    fn saw(&mut self, verb: &'static str, target: &request::Target, at: Instant) {
+        *self
+            .seen
+            .requests
+            .entry((verb, target.resource))
+            .or_default() += 1;
+        if matches!(verb, "get" | "list" | "watch") {
+            return;
+        }
+        if !matches!(target.resource, Resource::Leases | Resource::Events) {
+            self.seen.first_write.get_or_insert(at);
+        }
+        let key = (
+            target.resource,
+            target.namespace.clone().unwrap_or_default(),
+            target.name.clone().unwrap_or_default(),
+        );
+        if let Some(waiters) = self.seen.waiters.remove(&key) {
+            for w in waiters {
+                let _ = w.send(at);
+            }
+        }
+    }
+
+    /// A generated pod changed from `before`: bump, log, and let the scheduler see it.
+    fn pod_changed(&mut self, i: u32, before: &PodState) {
+        let rv = self.next_rv();
+        let st = &mut self.pods.states[i as usize];
+        st.rv = rv;
+        let st = st.clone();
+        let labels_before = Arc::new(self.world.pod_labels(i, before));
+        let labels = Arc::new(self.world.pod_labels(i, &st));
+        let kind = if before.deleted {
+            ChangeType::Added
+        } else if st.deleted {
+            ChangeType::Deleted
+        } else {
+            ChangeType::Modified
+        };
+        let object: Arc<str> = self.world.pod_json(i, &st).into();
+        let namespace = self.world.namespace(i);
+        self.emit(
+            Resource::Pods,
+            kind,
+            Some(&namespace),
+            Some(labels_before),
+            labels,
+            object,
+        );
+        if !st.gated && !st.scheduled && !st.deleted {
+            self.sim.push(simulate::Job::Schedule { pod: i });
+        }
+    }
+
+    fn node_changed(&mut self, i: u32, before: &NodeState) {
+        let rv = self.next_rv();
+        let st = &mut self.nodes.states[i as usize];
+        st.rv = rv;
+        let st = st.clone();
+        let labels_before = Arc::new(self.world.node_labels(i, before));
+        let labels = Arc::new(self.world.node_labels(i, &st));
+        let object: Arc<str> = self.world.node_json(i, &st, false).into();
+        self.emit(
+            Resource::Nodes,
+            ChangeType::Modified,
+            None,
+            Some(labels_before),
+            labels,
+            object,
+        );
+    }
+
+    /// Keep the RoceNode census, and hand applied specs to the simulated agent.
+    fn roce_node_written(&mut self, name: &str, obj: Option<&Value>) {
+        self.configured.remove(name);
+        self.pending.remove(name);
+        let Some(obj) = obj else { return };
+        let spec = &obj["spec"];
+        let generation = spec["fabricGeneration"].as_i64().unwrap_or(0);
+        if spec["pending"].as_bool() == Some(true) {
+            self.pending.insert(name.to_string());
+        } else if simulate::reports_applied(obj, generation) {
+            self.configured.insert(name.to_string());
+        } else {
+            self.sim.push(simulate::Job::Report {
+                name: name.to_string(),
+                generation,
+            });
+        }
+    }
+}
+
+/// The running server.
+pub struct ApiServer {
+    shared: Arc<Shared>,
+    addr: SocketAddr,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// A pod the harness made.
+#[derive(Clone, Debug)]
+pub struct PodRef {
+    pub index: u32,
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ApiServer {
+    /// Generate `world` (nodes, pods, the fabric) and serve it.
+    pub async fn start(world: World, options: Options) -> anyhow::Result<ApiServer> {
+        let sizes = world.sizes;
+        let rv = 1;
+        let pods = Pods {
+            states: (0..sizes.pods).map(|i| world.initial_pod(i, rv)).collect(),
+        };
+        let nodes = Nodes {
+            states: vec![NodeState { rv, labels: None }; sizes.nodes as usize],
+        };
+        let (sim, sim_rx) = simulate::Queue::new(options.react_after);
+        let (latest_tx, latest_rx) = tokio_watch::channel(rv);
+        let mut state = State {
+            world: world.clone(),
+            rv,
+            pods,
+            nodes,
+            objects: Objects::default(),
+            log: ChangeLog::new(options.history_bytes, rv),
+            latest: latest_tx,
+            seen: Seen::default(),
+            sim,
+            configured: HashSet::new(),
+            pending: HashSet::new(),
+        };
+        let key = (
+            Resource::RoceFabrics,
+            String::new(),
+            world::FABRIC.to_string(),
+        );
+        state.objects.put(&key, world.fabric(), rv);
+        let shared = Arc::new(Shared {
+            state: Mutex::new(state),
+            latest: latest_rx,
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let app = http::router(shared.clone());
+        let server = tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, app).await {
+                eprintln!("scale api server stopped: {e}");
+            }
+        });
+        let agents = tokio::spawn(simulate::run(shared.clone(), sim_rx));
+        Ok(ApiServer {
+            shared,
+            addr,
+            tasks: vec![server, agents],
+        })
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Write a kubeconfig for this server into `dir`.
+    pub fn write_kubeconfig(&self, dir: &Path) -> std::io::Result<PathBuf> {
+        let path = dir.join("kubeconfig");
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: scale\n  cluster:\n    server: {}\n\
+             users:\n- name: scale\n  user: {{}}\ncontexts:\n- name: scale\n  context:\n    \
+             cluster: scale\n    user: scale\n    namespace: default\ncurrent-context: scale\n",
+            self.url()
+        );
+        std::fs::write(&path, text)?;
+        Ok(path)
+    }
+
+    pub fn world(&self) -> World {
+        self.shared.lock().world.clone()
+    }
+
+    /// When the first write of the operator's plan (not a Lease or an Event) arrived.
+    pub fn first_write(&self) -> Option<Instant> {
+        self.shared.lock().seen.first_write
+    }
+
+    /// Resolves with the arrival time of the next write request on `resource` `namespace/name`.
+    pub fn next_write(
+        &self,
+        resource: Resource,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> oneshot::Receiver<Instant> {
+        let (tx, rx) = oneshot::channel();
+        let key = (
+            resource,
+            namespace.unwrap_or_default().to_string(),
+            name.to_string(),
+        );
+        self.shared
+            .lock()
+            .seen
+            .waiters
+            .entry(key)
+            .or_default()
+            .push(tx);
+        rx
+    }
+
+    /// Requests so far, as `verb resource: count`.
+    pub fn requests(&self) -> Vec<(String, u64)> {
+        self.shared
+            .lock()
+            .seen
+            .requests
+            .iter()
+            .map(|((verb, r), n)| (format!("{verb} {}", r.plural()), *n))
+            .collect()
+    }
+
+    /// Add a pod (a gated fabric pod, or a plain one), and [`Self::next_write`] on it.
+    pub fn add_pod(&self, fabric: bool) -> (PodRef, oneshot::Receiver<Instant>) {
+        let mut st = self.shared.lock();
+        let i = u32::try_from(st.pods.states.len()).unwrap_or(u32::MAX);
+        let (tx, rx) = oneshot::channel();
+        let key = (
+            Resource::Pods,
+            st.world.namespace(i),
+            st.world.pod_name(i, fabric),
+        );
+        st.seen.waiters.entry(key).or_default().push(tx);
+        let before = PodState {
+            deleted: true,
+            fabric,
+            ..PodState::default()
+        };
+        st.pods.states.push(PodState {
+            deleted: false,
+            gated: fabric,
+            scheduled: !fabric,
+            ..before.clone()
+        });
+        st.pod_changed(i, &before);
+        let pod = PodRef {
+            index: i,
+            namespace: st.world.namespace(i),
+            name: st.world.pod_name(i, fabric),
+        };
+        (pod, rx)
+    }
+
+    /// Set (`Some`) or remove a label of pod `i`.
+    pub fn set_pod_label(&self, i: u32, key: &str, value: Option<&str>) {
+        let mut st = self.shared.lock();
+        let Some(pod) = st.pods.states.get_mut(i as usize) else {
+            return;
+        };
+        let before = pod.clone();
+        let changed = pod.changed.get_or_insert_with(Default::default);
+        world::set_override(&mut changed.labels, key, value);
+        st.pod_changed(i, &before);
+    }
+
+    /// Set (`Some`) or remove a label of node `i`.
+    pub fn set_node_label(&self, i: u32, key: &str, value: Option<&str>) {
+        let mut st = self.shared.lock();
+        let Some(node) = st.nodes.states.get_mut(i as usize) else {
+            return;
+        };
+        let before = node.clone();
+        world::set_override(node.labels.get_or_insert_with(Default::default), key, value);
+        st.node_changed(i, &before);
+    }
+
+    /// Where the rollout and the regions stand.
+    pub fn census(&self) -> Census {
+        let st = self.shared.lock();
+        let mut c = Census {
+            roce_nodes: st.objects.count(Resource::RoceNodes),
+            configured: st.configured.len(),
+            pending: st.pending.len(),
+            region_directories: st.objects.count(Resource::ConfigMaps),
+            ..Census::default()
+        };
+        let mut namespaces = HashSet::new();
+        for (i, p) in st.pods.states.iter().enumerate() {
+            if p.deleted || !p.fabric {
+                continue;
+            }
+            c.fabric_pods += 1;
+            c.annotated += usize::from(p.region.is_some());
+            c.gated += usize::from(p.gated);
+            namespaces.insert(st.world.namespace(u32::try_from(i).unwrap_or(u32::MAX)));
+        }
+        c.fabric_namespaces = namespaces.len();
+        c
+    }
+
+    /// Every live fabric pod's `(namespace, name, region annotation)`.
+    pub fn regions(&self) -> Vec<(String, String, Option<String>)> {
+        let st = self.shared.lock();
+        st.pods
+            .states
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.fabric && !p.deleted)
+            .map(|(i, p)| {
+                let i = u32::try_from(i).unwrap_or(u32::MAX);
+                (
+                    st.world.namespace(i),
+                    st.world.pod_name(i, true),
+                    p.region.as_deref().map(str::to_string),
+                )
+            })
+            .collect()
+    }
+
+    /// A stored object the operator wrote (RoceNodes, ConfigMaps, the fabric), as JSON.
+    pub fn object(&self, resource: Resource, namespace: Option<&str>, name: &str) -> Option<Value> {
+        let st = self.shared.lock();
+        let key = (
+            resource,
+            namespace.unwrap_or_default().to_string(),
+            name.to_string(),
+        );
+        serde_json::from_str(&st.objects.get(&key)?.json).ok()
+    }
+}
