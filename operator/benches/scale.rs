@@ -1,0 +1,332 @@
+//! The operator at "100,000 nodes and 1,000,000 pods": the real binary against an in-process
+//! API server serving a generated cluster (see `scale/mod.rs`), from a cold start to a
+//! converged fabric, then single events on the quiet operator. Prints every figure of the
+//! issue with its target; asserts no timing (it fails only when the operator crashes or never
+//! converges).
+//!
+//! Run: `cargo bench -p rocefabric-operator --bench scale`. Sizes and budgets from the
+//! environment:
+//!
+//! | variable | meaning | default |
+//! |---|---|---|
+//! | `SCALE_NODES`, `SCALE_PODS`, `SCALE_FABRIC_PODS`, `SCALE_NAMESPACES` | the world | 100,000, 1,000,000, 100,000, 1,000 |
+//! | `SCALE_EVENTS` | pod events, and node events (half leave, half rejoin) | 200 |
+//! | `SCALE_EVENT_SECONDS` | time budget of each kind of event (fewer are taken past it) | 600 |
+//! | `SCALE_QUIET_PASSES` | passes with nothing to do | 20 |
+//! | `SCALE_CONVERGE_SECONDS` | longest wait for convergence | 1800 |
+//! | `SCALE_DEBOUNCE_MS`, `SCALE_RESYNC_SECONDS` | the operator's `--debounce-ms` and `--resync-seconds` | 50, 60 |
+//! | `SCALE_RUST_LOG` | the operator's `RUST_LOG` | info |
+// `cargo clippy --all-targets` builds this bench with cfg(test) but no test harness: the shared
+// modules' unit tests (run by tests/scale.rs) drop out and leave their imports unused.
+#![cfg_attr(test, allow(unused_imports))]
+
+#[path = "scale/mod.rs"]
+mod scale;
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use scale::apiserver::Options;
+use scale::operator::{Memory, Pass};
+use scale::scenario::{Convergence, Harness, Timed};
+use scale::world::{Sizes, World};
+use tokio::time::Instant;
+
+const FULL: Sizes = Sizes {
+    nodes: 100_000,
+    pods: 1_000_000,
+    fabric_pods: 100_000,
+    namespaces: 1_000,
+};
+
+fn env_u64(name: &str, default: u64) -> anyhow::Result<u64> {
+    match std::env::var(name) {
+        Ok(v) => v
+            .replace('_', "")
+            .parse()
+            .with_context(|| format!("{name}={v:?} is not a number")),
+        Err(_) => Ok(default),
+    }
+}
+
+fn gib(bytes: u64) -> String {
+    format!("{:.2} GiB", bytes as f64 / f64::from(1u32 << 30))
+}
+
+/// A duration the way a reader scans it: µs, ms or s.
+fn human(d: Duration) -> String {
+    let us = d.as_secs_f64() * 1e6;
+    if us < 1e3 {
+        format!("{us:.0} µs")
+    } else if us < 1e6 {
+        format!("{:.1} ms", us / 1e3)
+    } else {
+        format!("{:.2} s", us / 1e6)
+    }
+}
+
+/// The `q` quantile (nearest rank) of `values`; zero when empty.
+fn quantile(values: &[Duration], q: f64) -> Duration {
+    let mut v = values.to_vec();
+    v.sort();
+    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len().max(1));
+    v.get(rank - 1).copied().unwrap_or_default()
+}
+
+fn p50_p99(values: &[Duration]) -> String {
+    format!(
+        "{} / {}",
+        human(quantile(values, 0.5)),
+        human(quantile(values, 0.99))
+    )
+}
+
+fn planner(passes: &[Pass]) -> Vec<Duration> {
+    passes
+        .iter()
+        .map(|p| Duration::from_micros(p.plan_us))
+        .collect()
+}
+
+/// Events of one kind, as many as fit `budget` (at least one).
+async fn collect<F>(n: u64, budget: Duration, mut one: F) -> anyhow::Result<Vec<Timed>>
+where
+    F: AsyncFnMut(u64) -> anyhow::Result<Timed>,
+{
+    let start = Instant::now();
+    let mut out = Vec::new();
+    for k in 0..n {
+        if k > 0 && start.elapsed() > budget {
+            eprintln!("  time budget spent after {k} of {n} events");
+            break;
+        }
+        if k > 0 && k % 20 == 0 {
+            eprintln!("  {k} of {n}");
+        }
+        out.push(one(k).await?);
+    }
+    Ok(out)
+}
+
+/// Planner work, latency and its share before the pass, of one kind of event.
+fn event_rows(row: &impl Fn(&str, String, &str), kind: &str, write: &str, events: &[Timed]) {
+    let passes: Vec<Pass> = events.iter().map(|t| t.pass).collect();
+    row(
+        &format!("{kind}: planner work p50 / p99 (n={})", events.len()),
+        p50_p99(&planner(&passes)),
+        "p99 < 1 ms",
+    );
+    row(
+        &format!("{kind}: {write} received, p50 / p99"),
+        p50_p99(&events.iter().map(|t| t.latency).collect::<Vec<_>>()),
+        "",
+    );
+    row(
+        "  of which before the pass starts (debounce, watch, world snapshot)",
+        p50_p99(&events.iter().map(|t| t.to_pass).collect::<Vec<_>>()),
+        "",
+    );
+}
+
+struct Figures {
+    sizes: Sizes,
+    generated_in: Duration,
+    convergence: Convergence,
+    converged_memory: Memory,
+    end_memory: Memory,
+    harness_memory: Memory,
+    pod_events: Vec<Timed>,
+    node_events: Vec<Timed>,
+    quiet: Vec<Pass>,
+    requests: Vec<(String, u64)>,
+    warnings: u64,
+}
+
+fn print(f: &Figures) {
+    let s = f.sizes;
+    let c = &f.convergence;
+    let row = |figure: &str, measured: String, target: &str| {
+        println!("| {figure} | {measured} | {target} |");
+    };
+    println!();
+    println!(
+        "## rocefabric-operator at scale: {} nodes, {} pods ({} fabric pods) in {} namespaces",
+        s.nodes, s.pods, s.fabric_pods, s.namespaces
+    );
+    println!();
+    println!("| figure | measured | target |");
+    println!("|---|---|---|");
+    row(
+        "operator memory: peak (VmHWM) / after convergence (VmRSS)",
+        format!(
+            "{} / {}",
+            gib(f.converged_memory.peak),
+            gib(f.converged_memory.now)
+        ),
+        "< 1 GiB",
+    );
+    row(
+        "operator memory at the end: VmHWM / VmRSS",
+        format!("{} / {}", gib(f.end_memory.peak), gib(f.end_memory.now)),
+        "< 1 GiB",
+    );
+    row(
+        "cold start: spawn to first write received",
+        human(c.first_write),
+        "< 10 s",
+    );
+    row(
+        "  spawn to caches synced",
+        c.synced.map_or("-".into(), human),
+        "",
+    );
+    row(
+        "  first pass: planner / whole pass / writes",
+        format!(
+            "{} / {} / {}",
+            human(Duration::from_micros(c.first_pass.plan_us)),
+            human(Duration::from_millis(c.first_pass.took_ms)),
+            c.first_pass.writes
+        ),
+        "",
+    );
+    event_rows(
+        &row,
+        "pod event",
+        "new fabric pod to annotation PATCH",
+        &f.pod_events,
+    );
+    event_rows(
+        &row,
+        "node label change",
+        "to RoceNode DELETE / apply",
+        &f.node_events,
+    );
+    let most_writes = f.quiet.iter().map(|p| p.writes).max().unwrap_or(0);
+    row(
+        &format!(
+            "nothing-to-do pass: most writes, planner p50 / p99 (n={})",
+            f.quiet.len()
+        ),
+        format!("{most_writes} writes, {}", p50_p99(&planner(&f.quiet))),
+        "0 writes, < 5 ms",
+    );
+    row(
+        "  whole pass p50 / p99",
+        p50_p99(
+            &f.quiet
+                .iter()
+                .map(|p| Duration::from_millis(p.took_ms))
+                .collect::<Vec<_>>(),
+        ),
+        "",
+    );
+    println!();
+    println!(
+        "Harness: world generated in {}; converged {} after spawn in {} passes, {} writes; \
+         harness RSS peak {} (now {}); operator warnings: {}.",
+        human(f.generated_in),
+        human(c.converged),
+        c.passes,
+        c.writes,
+        gib(f.harness_memory.peak),
+        gib(f.harness_memory.now),
+        f.warnings
+    );
+    println!("Census at convergence: {:?}", c.census);
+    let requests: Vec<String> = f.requests.iter().map(|(k, n)| format!("{k} {n}")).collect();
+    println!("Requests served: {}", requests.join(", "));
+}
+
+async fn run() -> anyhow::Result<()> {
+    let sizes = Sizes::from_env(FULL)?;
+    let events = env_u64("SCALE_EVENTS", 200)?;
+    let budget = Duration::from_secs(env_u64("SCALE_EVENT_SECONDS", 600)?);
+    let quiet_passes = env_u64("SCALE_QUIET_PASSES", 20)?;
+    let converge_timeout = Duration::from_secs(env_u64("SCALE_CONVERGE_SECONDS", 1800)?);
+    let debounce = env_u64("SCALE_DEBOUNCE_MS", 50)?;
+    let resync = env_u64("SCALE_RESYNC_SECONDS", 60)?;
+    let args: Vec<String> = vec![
+        "--debounce-ms".into(),
+        debounce.to_string(),
+        "--resync-seconds".into(),
+        resync.to_string(),
+    ];
+    eprintln!("scale: {sizes:?}, {events} events of each kind, operator {args:?}");
+
+    let mut h = Harness::start(
+        World::new(sizes),
+        Options::default(),
+        Path::new(env!("CARGO_BIN_EXE_rocefabric-operator")),
+        &args,
+        // A pass at full size can take minutes; the resync bounds a quiet wait.
+        converge_timeout.min(Duration::from_secs(600)),
+        Duration::from_millis(debounce * 4).max(Duration::from_millis(300)),
+    )
+    .await?;
+    h.progress = true;
+    eprintln!("world generated in {}", human(h.generated_in));
+    let convergence = h
+        .converge(sizes.nodes as usize, converge_timeout)
+        .await
+        .with_context(|| {
+            let memory = h.operator.memory().unwrap_or_default();
+            format!(
+                "the operator did not converge (operator VmHWM {}, VmRSS {})",
+                gib(memory.peak),
+                gib(memory.now)
+            )
+        })?;
+    let converged_memory = h.operator.memory()?;
+    eprintln!(
+        "converged after {}; memory {}",
+        human(convergence.converged),
+        gib(converged_memory.now)
+    );
+
+    eprintln!("pod events...");
+    let pod_events = collect(events, budget, async |_| Ok(h.new_fabric_pod().await?.0)).await?;
+    eprintln!("node events...");
+    let step = (sizes.nodes / u32::try_from(events.max(1)).unwrap_or(1)).max(1);
+    let node_events = collect(events, budget, async |k| {
+        let i = u32::try_from(k / 2).unwrap_or(0) * step % sizes.nodes;
+        h.node_membership(i, k % 2 == 1).await
+    })
+    .await?;
+    eprintln!("passes with nothing to do...");
+    let mut quiet = Vec::new();
+    for _ in 0..quiet_passes {
+        quiet.push(h.unrelated_change().await?);
+    }
+    let figures = Figures {
+        sizes,
+        generated_in: h.generated_in,
+        convergence,
+        converged_memory,
+        end_memory: h.operator.memory()?,
+        harness_memory: Memory::of("self")?,
+        pod_events,
+        node_events,
+        quiet,
+        requests: h.server.requests(),
+        warnings: h.operator.warnings().0,
+    };
+    print(&figures);
+    Ok(())
+}
+
+fn main() -> anyhow::Result<()> {
+    // `cargo bench` passes `--bench`; a filter that does not name this bench skips it.
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    if args.iter().any(|a| !"scale".contains(a.as_str())) {
+        return Ok(());
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(run())
+}
