@@ -16,6 +16,7 @@
 //! | `SCALE_CONVERGE_SECONDS` | longest wait for convergence | 1800 |
 //! | `SCALE_DEBOUNCE_MS`, `SCALE_RESYNC_SECONDS` | the operator's `--debounce-ms` and `--resync-seconds` | 50, 60 |
 //! | `SCALE_RUST_LOG` | the operator's `RUST_LOG` | info |
+//! | `SCALE_POD_SELECTOR` | the operator's `--pod-label-selector` (e.g. `rocefabric.io/fabric`) | none: every pod |
 // `cargo clippy --all-targets` builds this bench with cfg(test) but no test harness: the shared
 // modules' unit tests (run by tests/scale.rs) drop out and leave their imports unused.
 #![cfg_attr(test, allow(unused_imports))]
@@ -247,12 +248,15 @@ async fn run() -> anyhow::Result<()> {
     let converge_timeout = Duration::from_secs(env_u64("SCALE_CONVERGE_SECONDS", 1800)?);
     let debounce = env_u64("SCALE_DEBOUNCE_MS", 50)?;
     let resync = env_u64("SCALE_RESYNC_SECONDS", 60)?;
-    let args: Vec<String> = vec![
+    let mut args: Vec<String> = vec![
         "--debounce-ms".into(),
         debounce.to_string(),
         "--resync-seconds".into(),
         resync.to_string(),
     ];
+    if let Ok(selector) = std::env::var("SCALE_POD_SELECTOR") {
+        args.extend(["--pod-label-selector".into(), selector]);
+    }
     eprintln!("scale: {sizes:?}, {events} events of each kind, operator {args:?}");
 
     let mut h = Harness::start(
