@@ -676,6 +676,7 @@ pub async fn reconcile_loop(
     let mut backoff = Backoff::new(config.backoff_min, config.backoff_max);
     let mut next_pass = Instant::now();
     let mut was_leader = false;
+    let mut last_full_passes = 0;
     loop {
         let is_leader = *leader.borrow_and_update();
         ctx.metrics.leader.set(i64::from(is_leader));
@@ -723,6 +724,11 @@ pub async fn reconcile_loop(
             (plan, feed.planner.figures())
         };
         let planned = started.elapsed();
+        if figures.full_passes != last_full_passes {
+            // A full pass (and the list before it) freed most of what it allocated.
+            last_full_passes = figures.full_passes;
+            crate::heap::give_back();
+        }
         tracing::debug!(
             full_passes = figures.full_passes,
             incremental_plans = figures.incremental_plans,

@@ -106,6 +106,8 @@ impl Feed {
                         let items = l.$slot.take().unwrap_or_default();
                         $replace(p, items);
                         self.synced[$idx] = true;
+                        // The list's pages were parsed and mostly dropped.
+                        crate::heap::give_back();
                         true
                     }
                     Event::Apply(obj) => {

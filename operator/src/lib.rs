@@ -3,6 +3,7 @@ pub mod apply;
 pub mod cli;
 pub mod controller;
 pub mod feed;
+pub mod heap;
 pub mod http;
 pub mod leader;
 pub mod metrics;
