@@ -270,6 +270,7 @@ async fn run() -> anyhow::Result<()> {
     )
     .await?;
     h.progress = true;
+    h.watches_only_fabric_pods = std::env::var("SCALE_POD_SELECTOR").is_ok();
     eprintln!("world generated in {}", human(h.generated_in));
     let convergence = h
         .converge(sizes.nodes as usize, converge_timeout)

@@ -33,6 +33,9 @@ pub struct Harness {
     shortest_gap: Option<Duration>,
     /// Print every pass while converging.
     pub progress: bool,
+    /// The operator watches only fabric pods (`--pod-label-selector`): an unrelated change must
+    /// be made on one of those for the operator to see it.
+    pub watches_only_fabric_pods: bool,
 }
 
 /// How the operator reached its steady state.
@@ -101,6 +104,7 @@ impl Harness {
             quiet,
             _dir: dir,
             noise: 0,
+            watches_only_fabric_pods: false,
             last: None,
             shortest_gap: None,
             progress: false,
@@ -264,14 +268,16 @@ impl Harness {
         Ok(Timed::new(made, at, pass))
     }
 
-    /// An unrelated label change on a plain pod: the pass it triggers.
+    /// An unrelated label change on a plain pod (a fabric pod when the operator watches only
+    /// those): the pass it triggers.
     pub async fn unrelated_change(&mut self) -> anyhow::Result<Pass> {
         self.settle().await?;
         self.noise += 1;
         let world = self.server.world();
+        let fabric = self.watches_only_fabric_pods;
         let i = (self.noise % 64..)
-            .find(|&i| !world.initially_fabric(i))
-            .context("no plain pod")?;
+            .find(|&i| world.initially_fabric(i) == fabric)
+            .context("no pod to touch")?;
         self.server
             .set_pod_label(i, NOISE_LABEL, Some(&self.noise.to_string()));
         let t = Instant::now();
