@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use scale::apiserver::Options;
-use scale::operator::{Memory, Pass};
+use scale::operator::{Heap, Memory, Pass};
 use scale::scenario::{Convergence, Harness, Timed};
 use scale::world::{Sizes, World};
 use tokio::time::Instant;
@@ -135,6 +135,7 @@ struct Figures {
     generated_in: Duration,
     convergence: Convergence,
     converged_memory: Memory,
+    converged_heap: Option<Heap>,
     end_memory: Memory,
     harness_memory: Memory,
     pod_events: Vec<Timed>,
@@ -167,6 +168,18 @@ fn print(f: &Figures) {
         ),
         "< 1 GiB",
     );
+    if let Some(heap) = f.converged_heap {
+        row(
+            "  of which the allocator's, after the last full pass: live objects / free / obtained",
+            format!(
+                "{} / {} / {}",
+                gib(heap.in_use),
+                gib(heap.free),
+                gib(heap.obtained)
+            ),
+            "",
+        );
+    }
     row(
         "operator memory at the end: VmHWM / VmRSS",
         format!("{} / {}", gib(f.end_memory.peak), gib(f.end_memory.now)),
@@ -309,6 +322,7 @@ async fn run() -> anyhow::Result<()> {
         generated_in: h.generated_in,
         convergence,
         converged_memory,
+        converged_heap: h.operator.heap,
         end_memory: h.operator.memory()?,
         harness_memory: Memory::of("self")?,
         pod_events,

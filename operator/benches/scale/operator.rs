@@ -40,6 +40,15 @@ impl Pass {
     }
 }
 
+/// What the operator's allocator held, from its last `heap given back` line (after a list or
+/// a full pass): live objects against what it obtained from the kernel.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Heap {
+    pub in_use: u64,
+    pub free: u64,
+    pub obtained: u64,
+}
+
 /// Resident memory of a process, in bytes.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Memory {
@@ -74,6 +83,7 @@ impl Memory {
 enum Line {
     Pass(Pass),
     Synced(Instant),
+    Heap(Heap),
 }
 
 /// The running operator.
@@ -84,6 +94,8 @@ pub struct Operator {
     pub spawned: Instant,
     /// When its caches synced.
     pub synced: Option<Instant>,
+    /// Its allocator after the last list or full pass.
+    pub heap: Option<Heap>,
     /// The last lines of its log, and every warning count, for failure reports.
     log: Arc<Mutex<LogTail>>,
 }
@@ -171,6 +183,7 @@ impl Operator {
             lines,
             spawned,
             synced: None,
+            heap: None,
             log,
         })
     }
@@ -183,6 +196,7 @@ impl Operator {
             match tokio::time::timeout_at(deadline, self.lines.recv()).await {
                 Ok(Some(Line::Pass(p))) => return Ok(p),
                 Ok(Some(Line::Synced(at))) => self.synced = Some(at),
+                Ok(Some(Line::Heap(heap))) => self.heap = Some(heap),
                 Ok(None) => {
                     let status = self.child.wait().ok();
                     anyhow::bail!(
@@ -222,7 +236,10 @@ impl Operator {
 
 /// The lines the harness acts on; cheap checks first (a pass at scale logs a line per pod).
 fn read_line(line: &str, at: Instant) -> Option<Line> {
-    if !line.contains("\"reconciled\"") && !line.contains("caches synced") {
+    if !line.contains("\"reconciled\"")
+        && !line.contains("caches synced")
+        && !line.contains("heap given back")
+    {
         return None;
     }
     let v: Value = serde_json::from_str(line).ok()?;
@@ -241,6 +258,11 @@ fn read_line(line: &str, at: Instant) -> Option<Line> {
             throttled_ms: number(&v, "throttled_ms"),
         })),
         "caches synced" => Some(Line::Synced(at)),
+        "heap given back" => Some(Line::Heap(Heap {
+            in_use: number(&v, "in_use_bytes"),
+            free: number(&v, "free_bytes"),
+            obtained: number(&v, "obtained_bytes"),
+        })),
         _ => None,
     }
 }
@@ -258,6 +280,15 @@ mod tests {
         assert_eq!((p.writes, p.plan_us, p.took_ms), (3, 1234, 5));
         assert_eq!(p.logged.as_millisecond(), 1_767_225_601_500);
         assert!(read_line(r#"{"message":"recorded region on pod"}"#, Instant::now()).is_none());
+    }
+
+    #[test]
+    fn the_heap_line_is_read() {
+        let line = r#"{"level":"INFO","message":"heap given back","in_use_bytes":3,"free_bytes":2,"obtained_bytes":5}"#;
+        let Some(Line::Heap(h)) = read_line(line, Instant::now()) else {
+            panic!("a heap line")
+        };
+        assert_eq!((h.in_use, h.free, h.obtained), (3, 2, 5));
     }
 
     #[test]
