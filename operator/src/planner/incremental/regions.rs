@@ -267,7 +267,7 @@ impl Regions {
     }
 
     /// A new pod routed here. Covered when it has no annotation and sorts after every pod
-    /// waiting for a new window: then the full pass would hand it the first fit of the map as
+    /// waiting for a new window or over its namespace's quota: then the full pass would hand it the first fit of the map as
     /// it stands, after everyone else.
     pub fn add(&mut self, pod: &Pod, configs: &Keyed<PodKey, ConfigMap>) -> Step {
         let p = PodRef::new(pod);
@@ -277,6 +277,15 @@ impl Regions {
         }
         let sort = sort_key(&p);
         if self.phase3.last().is_some_and(|last| *last > sort) {
+            return Step::Full;
+        }
+        // A pod over the quota later in the order counts this one's request in its message.
+        if self.per_namespace.is_some()
+            && self
+                .over_quota
+                .last_key_value()
+                .is_some_and(|(last, _)| *last > sort)
+        {
             return Step::Full;
         }
         let k = p.key();
