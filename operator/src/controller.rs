@@ -534,12 +534,11 @@ where
         .boxed()
 }
 
-/// Start the five watches, as one stream of events for [`Feed::seen`]; pods only those matching
-/// `pod_selector` when given.
-pub fn watches(
-    client: &Client,
-    pod_selector: Option<&str>,
-) -> stream::BoxStream<'static, Result<Seen, (&'static str, watcher::Error)>> {
+/// One stream of the watches' events for [`Feed::seen`].
+pub type Events = stream::BoxStream<'static, Result<Seen, (&'static str, watcher::Error)>>;
+
+/// Start the watches of fabrics, nodes, RoceNodes and region directories, as one stream.
+pub fn watches(client: &Client) -> Events {
     let all = watcher::Config::default;
     let fabrics = watcher(Api::<RoceFabric>::all(client.clone()), all()).default_backoff();
     let roce_nodes = watcher(Api::<RoceNode>::all(client.clone()), all()).default_backoff();
@@ -548,11 +547,6 @@ pub fn watches(
         all().labels(FABRIC_LABEL),
     )
     .default_backoff();
-    let pod_config = match pod_selector {
-        Some(selector) => all().labels(selector),
-        None => all(),
-    };
-    let pods = watcher(Api::<Pod>::all(client.clone()), pod_config).default_backoff();
     // Nodes as metadata only: the planner selects by labels, and full Nodes (images,
     // conditions) would dominate the operator's memory.
     let nodes = watcher(
@@ -564,10 +558,21 @@ pub fn watches(
         seen(fabrics, "rocefabrics", Seen::Fabric),
         seen(nodes, "nodes", Seen::Node),
         seen(roce_nodes, "rocenodes", Seen::RoceNode),
-        seen(pods, "pods", Seen::Pod),
         seen(config_maps, "configmaps", Seen::ConfigMap),
     ])
     .boxed()
+}
+
+/// Start the pod watch (a list, then events); only pods matching `selector` when given. Started
+/// again when the fabrics' pod selectors grow ([`Feed::take_pod_relist`]): the pods a new
+/// selector picks were dropped when they were listed.
+pub fn pod_watch(client: &Client, selector: Option<&str>) -> Events {
+    let config = match selector {
+        Some(selector) => watcher::Config::default().labels(selector),
+        None => watcher::Config::default(),
+    };
+    let pods = watcher(Api::<Pod>::all(client.clone()), config).default_backoff();
+    seen(pods, "pods", Seen::Pod)
 }
 
 /// Run the controller until `shutdown`: watch, and while `leader` is true, reconcile.
@@ -579,7 +584,10 @@ pub async fn run(
     leader: watch::Receiver<bool>,
     shutdown: CancellationToken,
 ) -> Result<(), ControllerError> {
-    let mut events = watches(&client, config.pod_label_selector.as_deref());
+    let mut events = watches(&client);
+    let pod_selector = config.pod_label_selector.clone();
+    let mut pods = pod_watch(&client, pod_selector.as_deref());
+    let watch_client = client.clone();
     let feed: SharedFeed = Arc::new(std::sync::Mutex::new(Feed::new(Incremental::new(
         config.plan.clone(),
     ))));
@@ -603,11 +611,23 @@ pub async fn run(
             let event = tokio::select! {
                 () = watch_shutdown.cancelled() => break,
                 event = events.next() => event,
+                event = pods.next() => event,
             };
             match event {
                 Some(Ok(seen)) => {
                     let mut overlay = watch_ctx.overlay.lock().await;
-                    let changed = lock(&watch_feed).seen(seen, &mut overlay);
+                    let (changed, relist) = {
+                        let mut feed = lock(&watch_feed);
+                        let changed = feed.seen(seen, &mut overlay);
+                        (changed, feed.take_pod_relist())
+                    };
+                    // Filtered by the API server, the pods a custom selector picks never come.
+                    if relist && pod_selector.is_none() {
+                        tracing::info!(
+                            "a fabric's pod selector picks pods not held; listing pods again"
+                        );
+                        pods = pod_watch(&watch_client, pod_selector.as_deref());
+                    }
                     if changed {
                         changed_tx.send_modify(|n| *n = n.wrapping_add(1));
                     }

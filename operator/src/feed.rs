@@ -39,6 +39,8 @@ pub struct Feed {
     listing: Listing,
     /// Per kind (fabrics, nodes, RoceNodes, pods, ConfigMaps): listed once.
     synced: [bool; 5],
+    /// The pod watch has begun (its list may have dropped pods a later selector picks).
+    pods_seen: bool,
 }
 
 fn node_of(meta: PartialObjectMeta<Node>) -> Node {
@@ -64,7 +66,14 @@ impl Feed {
             planner,
             listing: Listing::default(),
             synced: [false; 5],
+            pods_seen: false,
         }
+    }
+
+    /// Whether the pods must be listed again: a fabric's pod selector now picks pods that were
+    /// dropped when listed (at a cold start, pods may list before the fabrics). Asked once.
+    pub fn take_pod_relist(&mut self) -> bool {
+        self.planner.take_selectors_grew() && self.pods_seen
     }
 
     /// Every watch has listed once.
@@ -78,6 +87,7 @@ impl Feed {
     pub fn seen(&mut self, seen: Seen, overlay: &mut AnnotationOverlay) -> bool {
         // A listed pod the planner would not keep is dropped here, not buffered: the list of a
         // 1,000,000-pod cluster must not be held whole.
+        self.pods_seen |= matches!(seen, Seen::Pod(_));
         let seen = match seen {
             Seen::Pod(Event::InitApply(mut pod)) => {
                 crate::trim::pod(&mut pod);
@@ -229,5 +239,63 @@ mod tests {
             &mut overlay,
         );
         assert!(feed.planner.pod("ns", "member").is_none());
+    }
+
+    fn fabric_picking(labels: &[(&str, &str)]) -> RoceFabric {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "rocefabric.io/v1alpha1", "kind": "RoceFabric",
+            "metadata": {"name": "f", "uid": "u"},
+            "spec": {"sharedMemory": {"regionSize": "1Mi", "maxRegions": 8,
+                "podSelector": {"matchLabels": labels.iter().copied()
+                    .collect::<std::collections::BTreeMap<_, _>>()}}}
+        }))
+        .expect("valid fabric")
+    }
+
+    fn list_pods(feed: &mut Feed, overlay: &mut AnnotationOverlay, pods: Vec<Pod>) {
+        feed.seen(Seen::Pod(Event::Init), overlay);
+        for p in pods {
+            feed.seen(Seen::Pod(Event::InitApply(p)), overlay);
+        }
+        feed.seen(Seen::Pod(Event::InitDone), overlay);
+    }
+
+    #[test]
+    fn pods_listed_before_a_new_custom_selector_are_listed_again() {
+        let mut feed = Feed::new(Incremental::new(PlanOptions::default()));
+        let mut overlay = AnnotationOverlay::default();
+        // At a cold start the pods may list before the fabrics: the selector is not known yet.
+        let train = || vec![pod("train", &[("app", "train")])];
+        list_pods(&mut feed, &mut overlay, train());
+        assert!(feed.planner.pod("ns", "train").is_none());
+        assert!(!feed.take_pod_relist());
+
+        feed.seen(Seen::Fabric(Event::Init), &mut overlay);
+        let f = fabric_picking(&[("app", "train")]);
+        feed.seen(Seen::Fabric(Event::InitApply(f.clone())), &mut overlay);
+        feed.seen(Seen::Fabric(Event::InitDone), &mut overlay);
+        assert!(feed.take_pod_relist(), "a new selector asks for a relist");
+        assert!(!feed.take_pod_relist(), "once");
+        list_pods(&mut feed, &mut overlay, train());
+        assert!(feed.planner.pod("ns", "train").is_some());
+
+        // The same selector again (a relist of the fabrics) asks for nothing.
+        feed.seen(Seen::Fabric(Event::Apply(f)), &mut overlay);
+        assert!(!feed.take_pod_relist());
+    }
+
+    #[test]
+    fn a_selector_known_before_the_pods_list_asks_for_no_relist() {
+        let mut feed = Feed::new(Incremental::new(PlanOptions::default()));
+        let mut overlay = AnnotationOverlay::default();
+        let f = fabric_picking(&[("app", "train")]);
+        feed.seen(Seen::Fabric(Event::Apply(f)), &mut overlay);
+        assert!(!feed.take_pod_relist(), "no pod listed yet");
+        list_pods(
+            &mut feed,
+            &mut overlay,
+            vec![pod("train", &[("app", "train")])],
+        );
+        assert!(feed.planner.pod("ns", "train").is_some());
     }
 }

@@ -214,7 +214,7 @@ fn push_unique(errors: &mut Vec<FieldError>, field: &str, message: String) {
     }
 }
 
-fn is_empty_selector(sel: &LabelSelector) -> bool {
+pub(crate) fn is_empty_selector(sel: &LabelSelector) -> bool {
     sel.match_labels.as_ref().is_none_or(BTreeMap::is_empty)
         && sel.match_expressions.as_ref().is_none_or(Vec::is_empty)
 }

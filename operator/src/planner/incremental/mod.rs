@@ -16,7 +16,7 @@ mod regions;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use rocefabric_api::constants::FABRIC_LABEL;
 use rocefabric_api::{RegionCounts, RoceFabric, RoceNode};
@@ -59,8 +59,11 @@ pub struct Incremental {
     /// The memory for the next full pass while `state` is `None`.
     freed: FreedRegions,
     figures: Figures,
-    /// The fabrics' custom pod selectors (see [`Self::wants_pod`]).
+    /// The fabrics' custom pod selectors (see [`Self::wants_pod`]), parsed and as written.
     pod_selectors: Vec<kube::core::Selector>,
+    pod_selector_specs: Vec<LabelSelector>,
+    /// A selector came that was not there before: pods dropped by `wants_pod` may match it.
+    selectors_grew: bool,
 }
 
 /// The indexes of the last plan.
@@ -102,13 +105,15 @@ impl Incremental {
             freed: FreedRegions::default(),
             figures: Figures::default(),
             pod_selectors: Vec::new(),
+            pod_selector_specs: Vec::new(),
+            selectors_grew: false,
         }
     }
 
     /// Whether the planner can ever act on `pod`: labelled for a fabric, holding a region,
     /// gated by us, or picked by a fabric's custom pod selector. Other pods (most of a large
-    /// cluster) are not held at all. An ungated pod that a custom selector added later picks is
-    /// seen at its next change.
+    /// cluster) are not held at all; when a new custom selector comes, the pods are listed
+    /// again ([`Self::take_selectors_grew`]).
     pub fn wants_pod(&self, pod: &Pod) -> bool {
         let meta = &pod.metadata;
         let labels = selection::labels_of(meta.labels.as_ref());
@@ -124,24 +129,27 @@ impl Incremental {
                 .any(|s| kube::core::SelectorExt::matches(s, labels))
     }
 
+    /// Whether a custom pod selector came since last asked (the pods must be listed again).
+    pub fn take_selectors_grew(&mut self) -> bool {
+        std::mem::take(&mut self.selectors_grew)
+    }
+
     fn fabrics_changed(&mut self) {
-        self.pod_selectors = self
+        let specs: Vec<LabelSelector> = self
             .fabrics
             .iter()
             .filter_map(|f| f.spec.shared_memory.as_ref())
-            .filter(|sm| {
-                sm.pod_selector
-                    .match_labels
-                    .as_ref()
-                    .is_some_and(|l| !l.is_empty())
-                    || sm
-                        .pod_selector
-                        .match_expressions
-                        .as_ref()
-                        .is_some_and(|e| !e.is_empty())
-            })
-            .filter_map(|sm| selection::parse_selector(&sm.pod_selector).ok())
+            .filter(|sm| !selection::is_empty_selector(&sm.pod_selector))
+            .map(|sm| sm.pod_selector.clone())
             .collect();
+        if specs.iter().any(|s| !self.pod_selector_specs.contains(s)) {
+            self.selectors_grew = true;
+        }
+        self.pod_selectors = specs
+            .iter()
+            .filter_map(|s| selection::parse_selector(s).ok())
+            .collect();
+        self.pod_selector_specs = specs;
     }
 
     pub fn figures(&self) -> Figures {
