@@ -179,7 +179,8 @@ impl PassSummary {
 /// A pass that ran on a cache still missing a just-written region annotation would see the pod
 /// without a region and could hand it another one. The overlay puts the written value back into
 /// that pod (same namespace, name and uid) until the cache shows it, and forgets it when the pod
-/// is gone or replaced by another of the same name, or after a TTL (the cache is then trusted).
+/// is replaced by another of the same name, or after a TTL (the cache is then trusted; stale
+/// entries are dropped once a pass), or when this replica stops leading.
 #[derive(Debug, Default)]
 pub struct AnnotationOverlay {
     entries: HashMap<(String, String), OverlayEntry>,
@@ -207,37 +208,10 @@ impl AnnotationOverlay {
         );
     }
 
-    /// Put remembered values into `pods`; forget those the cache shows, those of pods that are
-    /// gone (or replaced), and those older than the TTL.
-    pub fn patch(&mut self, pods: &mut [Pod]) {
-        let now = Instant::now();
-        self.entries
-            .retain(|_, e| now.duration_since(e.at) < Self::TTL);
-        if self.entries.is_empty() {
-            return;
-        }
-        let mut keep = std::collections::HashSet::new();
-        for pod in pods.iter_mut() {
-            let key = (
-                pod.metadata.namespace.clone().unwrap_or_default(),
-                pod.metadata.name.clone().unwrap_or_default(),
-            );
-            let Some(entry) = self.entries.get(&key) else {
-                continue;
-            };
-            if entry.uid.is_some() && entry.uid != pod.metadata.uid {
-                continue; // another pod of the same name: ours is gone
-            }
-            let annotations = pod
-                .metadata
-                .annotations
-                .get_or_insert_with(Default::default);
-            if annotations.get(REGION_ANNOTATION) != Some(&entry.value) {
-                annotations.insert(REGION_ANNOTATION.to_string(), entry.value.clone());
-                keep.insert(key);
-            }
-        }
-        self.entries.retain(|key, _| keep.contains(key));
+    /// Forget entries past the TTL (those of pods that sent no event since: gone, or their
+    /// event was missed and the cache is trusted now).
+    pub fn forget_stale(&mut self) {
+        self.entries.retain(|_, e| e.at.elapsed() < Self::TTL);
     }
 
     /// Put a remembered value into one pod as it arrives from the watch; forget the entry once
@@ -701,6 +675,10 @@ pub async fn reconcile_loop(
         let is_leader = *leader.borrow_and_update();
         ctx.metrics.leader.set(i64::from(is_leader));
         if !is_leader {
+            if was_leader {
+                // The next leader's writes must not be covered by ours.
+                ctx.overlay.lock().await.clear();
+            }
             was_leader = false;
             health.progress(false);
             // Followers keep their caches warm and wait.
@@ -758,6 +736,7 @@ pub async fn reconcile_loop(
         );
         let summary = execute_plan(ctx, plan, started, planned).await;
         health.progress(true);
+        ctx.overlay.lock().await.forget_stale();
         {
             let mut feed = lock(feed);
             for (namespace, pod, uid, value) in &summary.annotated {
@@ -813,52 +792,57 @@ mod tests {
         p
     }
 
+    fn region_of(p: &Pod) -> Option<&str> {
+        p.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(REGION_ANNOTATION))
+            .map(String::as_str)
+    }
+
     #[tokio::test(start_paused = true)]
     async fn overlay_fills_a_stale_cache_until_it_catches_up() {
         let mut o = AnnotationOverlay::default();
         o.record("ns", "a", Some("uid-a".into()), "{\"id\":1}");
-        let mut pods = vec![pod("ns", "a", None), pod("ns", "b", None)];
-        o.patch(&mut pods);
-        assert_eq!(
-            pods[0]
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(REGION_ANNOTATION))
-                .map(String::as_str),
-            Some("{\"id\":1}")
-        );
-        assert!(pods[1].metadata.annotations.is_none());
+        let (mut a, mut b) = (pod("ns", "a", None), pod("ns", "b", None));
+        o.patch_one(&mut a);
+        o.patch_one(&mut b);
+        assert_eq!(region_of(&a), Some("{\"id\":1}"));
+        assert!(b.metadata.annotations.is_none());
         assert_eq!(o.len(), 1, "kept until the cache shows it");
-        let mut caught_up = vec![pod("ns", "a", Some("{\"id\":1}"))];
-        o.patch(&mut caught_up);
+        o.patch_one(&mut pod("ns", "a", Some("{\"id\":1}")));
         assert!(o.is_empty());
     }
 
     #[tokio::test(start_paused = true)]
-    async fn overlay_forgets_gone_pods_and_old_entries() {
+    async fn overlay_forgets_old_entries() {
         let mut o = AnnotationOverlay::default();
         o.record("ns", "gone", None, "x");
-        o.patch(&mut []);
-        assert!(o.is_empty());
         o.record("ns", "a", None, "x");
-        tokio::time::advance(AnnotationOverlay::TTL).await;
-        let mut pods = vec![pod("ns", "a", None)];
-        o.patch(&mut pods);
+        tokio::time::advance(AnnotationOverlay::TTL / 2).await;
+        o.record("ns", "young", None, "x");
+        tokio::time::advance(AnnotationOverlay::TTL / 2).await;
+        let mut a = pod("ns", "a", None);
+        o.patch_one(&mut a);
         assert!(
-            pods[0].metadata.annotations.is_none(),
+            a.metadata.annotations.is_none(),
             "after the TTL the cache is trusted"
         );
-        assert!(o.is_empty());
+        o.forget_stale();
+        assert_eq!(
+            o.len(),
+            1,
+            "the gone pod's entry is dropped, the young one kept"
+        );
     }
 
     #[tokio::test(start_paused = true)]
     async fn overlay_does_not_leak_onto_a_recreated_pod_of_the_same_name() {
         let mut o = AnnotationOverlay::default();
         o.record("ns", "a", Some("uid-old".into()), "x");
-        let mut pods = vec![pod("ns", "a", None)]; // uid-a: a new pod named a
-        o.patch(&mut pods);
-        assert!(pods[0].metadata.annotations.is_none());
+        let mut a = pod("ns", "a", None); // uid-a: a new pod named a
+        o.patch_one(&mut a);
+        assert!(a.metadata.annotations.is_none());
         assert!(o.is_empty());
     }
 }
