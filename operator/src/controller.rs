@@ -94,6 +94,12 @@ pub enum ControllerError {
     /// A watch cache's writer went away before it listed (the watch task ended).
     #[error("the {resource} watch ended before its cache synced")]
     CacheNeverSynced { resource: &'static str },
+    /// The watch task ended (it panicked): nothing feeds the planner any more.
+    #[error("the watches ended; the operator must restart to see the cluster again")]
+    WatchesEnded,
+    /// A panic while the planner was locked: its maps may be half-moved.
+    #[error("the planner panicked; its state is unknown, so the operator must restart")]
+    PlannerPoisoned,
 }
 
 /// Why a pass failed.
@@ -490,7 +496,8 @@ impl Backoff {
 pub type SharedFeed = Arc<std::sync::Mutex<Feed>>;
 
 fn lock(feed: &SharedFeed) -> std::sync::MutexGuard<'_, Feed> {
-    // A panic while holding it leaves the maps as they were between two events: keep going.
+    // A panic while holding it may leave the maps half-moved (a full pass lends them): the
+    // loop checks for that before each pass and ends with an error (a restart relists).
     feed.lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
@@ -703,7 +710,9 @@ pub async fn reconcile_loop(
             () = shutdown.cancelled() => return Ok(()),
             () = leadership_change(&mut leader) => continue,
             res = changed.changed() => {
-                if res.is_err() { return Ok(()) }
+                if res.is_err() {
+                    return if shutdown.is_cancelled() { Ok(()) } else { Err(ControllerError::WatchesEnded) };
+                }
                 tokio::select! {
                     () = shutdown.cancelled() => return Ok(()),
                     () = tokio::time::sleep(config.debounce) => {}
@@ -714,6 +723,9 @@ pub async fn reconcile_loop(
         }
         if !*leader.borrow() {
             continue;
+        }
+        if feed.is_poisoned() {
+            return Err(ControllerError::PlannerPoisoned);
         }
         let started = Instant::now();
         let (plan, figures) = {
