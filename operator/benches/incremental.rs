@@ -74,10 +74,13 @@ fn land(engine: &mut Incremental, plan: &Plan, now: Timestamp) {
                 fabric,
                 fabric_uid,
                 data,
-            } => engine
-                .upsert_config_map(region_directory_object(namespace, fabric, fabric_uid, data)),
+            } => {
+                engine.upsert_config_map(region_directory_object(
+                    namespace, fabric, fabric_uid, data,
+                ));
+            }
             Write::DeleteRegionDirectory { namespace, fabric } => {
-                engine.remove_config_map(namespace, &format!("{fabric}-regions"))
+                engine.remove_config_map(namespace, &format!("{fabric}-regions"));
             }
             Write::Event(_) => {}
         }

@@ -120,14 +120,8 @@ impl Feed {
                         crate::heap::give_back();
                         true
                     }
-                    Event::Apply(obj) => {
-                        $upsert(p, $map(obj));
-                        true
-                    }
-                    Event::Delete(obj) => {
-                        $remove(p, $map(obj));
-                        true
-                    }
+                    Event::Apply(obj) => $upsert(p, $map(obj)),
+                    Event::Delete(obj) => $remove(p, $map(obj)),
                 }
             };
         }
@@ -137,8 +131,14 @@ impl Feed {
                 fabrics,
                 0,
                 |f| f,
-                |p: &mut Incremental, f| p.upsert_fabric(f),
-                |p: &mut Incremental, f: RoceFabric| p.remove_fabric(name_of(&f.metadata).1),
+                |p: &mut Incremental, f| {
+                    p.upsert_fabric(f);
+                    true
+                },
+                |p: &mut Incremental, f: RoceFabric| {
+                    p.remove_fabric(name_of(&f.metadata).1);
+                    true
+                },
                 |p: &mut Incremental, items| p.replace_fabrics(items)
             ),
             Seen::Node(e) => listing!(
@@ -146,8 +146,14 @@ impl Feed {
                 nodes,
                 1,
                 node_of,
-                |p: &mut Incremental, n| p.upsert_node(n),
-                |p: &mut Incremental, n: Node| p.remove_node(name_of(&n.metadata).1),
+                |p: &mut Incremental, n| {
+                    p.upsert_node(n);
+                    true
+                },
+                |p: &mut Incremental, n: Node| {
+                    p.remove_node(name_of(&n.metadata).1);
+                    true
+                },
                 |p: &mut Incremental, items| p.replace_nodes(items)
             ),
             Seen::RoceNode(e) => listing!(
@@ -155,8 +161,14 @@ impl Feed {
                 roce_nodes,
                 2,
                 |n| n,
-                |p: &mut Incremental, n| p.upsert_roce_node(n),
-                |p: &mut Incremental, n: RoceNode| p.remove_roce_node(name_of(&n.metadata).1),
+                |p: &mut Incremental, n| {
+                    p.upsert_roce_node(n);
+                    true
+                },
+                |p: &mut Incremental, n: RoceNode| {
+                    p.remove_roce_node(name_of(&n.metadata).1);
+                    true
+                },
                 |p: &mut Incremental, items| p.replace_roce_nodes(items)
             ),
             Seen::Pod(e) => listing!(
@@ -225,11 +237,16 @@ mod tests {
         assert!(feed.planner.pod("ns", "app").is_none(), "not kept");
         assert!(!feed.synced(), "four watches have not listed yet");
 
+        // Events of pods the planner neither holds nor wants ask for no pass.
+        let web = || pod("web", &[("app", "web")]);
+        assert!(!feed.seen(Seen::Pod(Event::Apply(web())), &mut overlay));
+        assert!(!feed.seen(Seen::Pod(Event::Delete(web())), &mut overlay));
+
         // A pod that gains the label is kept from its next event on; a deleted one goes.
-        feed.seen(
+        assert!(feed.seen(
             Seen::Pod(Event::Apply(pod("app", &[("rocefabric.io/fabric", "f")]))),
             &mut overlay,
-        );
+        ));
         assert!(feed.planner.pod("ns", "app").is_some());
         feed.seen(
             Seen::Pod(Event::Delete(pod(

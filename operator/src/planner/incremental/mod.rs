@@ -304,16 +304,15 @@ impl Incremental {
 
     // --- Pods.
 
-    pub fn upsert_pod(&mut self, pod: Pod) {
+    /// A pod added or changed; false when the planner neither holds nor wants it (nothing to
+    /// plan).
+    pub fn upsert_pod(&mut self, pod: Pod) -> bool {
         let key = (
             pod.metadata.namespace.clone().unwrap_or_default(),
             pod.metadata.name.clone().unwrap_or_default(),
         );
         if !self.wants_pod(&pod) {
-            if self.pods.contains_key(&key) {
-                self.remove_pod(&key.0, &key.1);
-            }
-            return;
+            return self.remove_pod(&key.0, &key.1);
         }
         let old = self.pods.insert(pod);
         let step = match self.state.as_mut() {
@@ -323,21 +322,27 @@ impl Incremental {
             None => Step::Done,
         };
         self.step(step);
+        true
     }
 
-    pub fn remove_pod(&mut self, namespace: &str, name: &str) {
+    /// A pod deleted (or no longer wanted); false when the planner did not hold it.
+    pub fn remove_pod(&mut self, namespace: &str, name: &str) -> bool {
         let key = (namespace.to_string(), name.to_string());
-        let old = self.pods.remove(&key);
+        let Some(old) = self.pods.remove(&key) else {
+            return false;
+        };
         let step = match self.state.as_mut() {
-            Some(state) => state.pod_changed(&key, old.as_ref(), None, &self.config_maps),
+            Some(state) => state.pod_changed(&key, Some(&old), None, &self.config_maps),
             None => Step::Done,
         };
         self.step(step);
+        true
     }
 
     // --- Region directories (ConfigMaps labelled with their fabric).
 
-    pub fn upsert_config_map(&mut self, cm: ConfigMap) {
+    /// A ConfigMap added or changed; false when it is not a region directory and was not one.
+    pub fn upsert_config_map(&mut self, cm: ConfigMap) -> bool {
         let key = (
             cm.metadata.namespace.clone().unwrap_or_default(),
             cm.metadata.name.clone().unwrap_or_default(),
@@ -348,17 +353,22 @@ impl Incremental {
         } else {
             self.config_maps.remove(&key).is_some()
         };
-        if fabric.is_some() || had {
+        let relevant = fabric.is_some() || had;
+        if relevant {
             self.directory_changed(&key, fabric);
         }
+        relevant
     }
 
-    pub fn remove_config_map(&mut self, namespace: &str, name: &str) {
+    /// A ConfigMap deleted; false when it was not held.
+    pub fn remove_config_map(&mut self, namespace: &str, name: &str) -> bool {
         let key = (namespace.to_string(), name.to_string());
-        if let Some(cm) = self.config_maps.remove(&key) {
-            let fabric = directory_fabric(&cm);
-            self.directory_changed(&key, fabric);
-        }
+        let Some(cm) = self.config_maps.remove(&key) else {
+            return false;
+        };
+        let fabric = directory_fabric(&cm);
+        self.directory_changed(&key, fabric);
+        true
     }
 
     fn directory_changed(&mut self, key: &(String, String), fabric: Option<String>) {
