@@ -88,6 +88,28 @@ fn apply(obj: &mut Value, body: &Value, status: bool) {
     }
 }
 
+/// The managedFields a real API server keeps on a RoceNode: one entry for the operator's
+/// server-side apply (labels, owner reference, spec) and one for the node agent's status.
+fn roce_node_managed_fields() -> Value {
+    let time = "2026-01-03T00:00:00Z";
+    json!([
+        {"manager": "rocefabric-operator", "operation": "Apply", "apiVersion": "rocefabric.io/v1alpha1",
+         "time": time, "fieldsType": "FieldsV1", "fieldsV1": {
+            "f:metadata": {"f:labels": {"f:rocefabric.io/fabric": {}},
+                "f:ownerReferences": {"k:{\"uid\":\"fabric\"}": {}}},
+            "f:spec": {"f:fabric": {}, "f:fabricGeneration": {}, "f:pending": {}, "f:nics": {},
+                "f:qos": {"f:trust": {}, "f:roceDscp": {}, "f:rocePriority": {},
+                    "f:pfcPriorities": {}, "f:ecn": {"f:enabled": {}, "f:priorities": {}},
+                    "f:cnp": {"f:dscp": {}, "f:priority": {}}, "f:mtu": {}}}}},
+        {"manager": "rocefabric-node", "operation": "Update", "apiVersion": "rocefabric.io/v1alpha1",
+         "time": time, "fieldsType": "FieldsV1", "subresource": "status", "fieldsV1": {
+            "f:status": {"f:observedGeneration": {}, "f:appliedGeneration": {},
+                "f:conditions": {".": {}, "k:{\"type\":\"Applied\"}": {".": {},
+                    "f:lastTransitionTime": {}, "f:message": {}, "f:observedGeneration": {},
+                    "f:reason": {}, "f:status": {}, "f:type": {}}}}}}
+    ])
+}
+
 /// The 409 of a failed precondition.
 fn check_preconditions(current: &Value, patch_meta: &Value) -> Result<(), Failure> {
     for field in ["uid", "resourceVersion"] {
@@ -194,6 +216,10 @@ impl Objects {
         obj["metadata"]["name"] = json!(key.2);
         if namespaced {
             obj["metadata"]["namespace"] = json!(key.1);
+        }
+        if key.0 == Resource::RoceNodes {
+            // As a real API server records them: the operator's apply and the agent's status.
+            obj["metadata"]["managedFields"] = roce_node_managed_fields();
         }
         if created {
             obj["metadata"]["uid"] = json!(format!("{:08x}-0000-4000-8000-{rv:012x}", 5));
