@@ -160,7 +160,10 @@ impl Feed {
                 e,
                 roce_nodes,
                 2,
-                |n| n,
+                |mut n: RoceNode| {
+                    crate::trim::roce_node(&mut n);
+                    n
+                },
                 |p: &mut Incremental, n| {
                     p.upsert_roce_node(n);
                     true
@@ -191,7 +194,10 @@ impl Feed {
                 e,
                 config_maps,
                 4,
-                |cm| cm,
+                |mut cm: ConfigMap| {
+                    crate::trim::config_map(&mut cm);
+                    cm
+                },
                 |p: &mut Incremental, cm| p.upsert_config_map(cm),
                 |p: &mut Incremental, cm: ConfigMap| {
                     let (ns, name) = name_of(&cm.metadata);

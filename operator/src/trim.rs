@@ -1,8 +1,10 @@
 //! Objects cut to what the planner reads, so the watch caches and `plan`'s snapshots hold
 //! tens of bytes per field the operator uses instead of whole objects (a pod's containers,
-//! statuses, managedFields and `last-applied-configuration` are most of its size).
+//! statuses, managedFields and `last-applied-configuration` are most of its size; a RoceNode's
+//! managedFields, one entry per writer, outweigh its spec).
 
-use k8s_openapi::api::core::v1::{Node, Pod, PodSpec, PodStatus};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, PodSpec, PodStatus};
+use rocefabric_api::RoceNode;
 use rocefabric_api::constants::GROUP;
 
 /// Strip a pod to its metadata (without managedFields, and with only the `rocefabric.io/`
@@ -36,6 +38,17 @@ pub fn node(node: &mut Node) {
     node.metadata.annotations = None;
     node.spec = None;
     node.status = None;
+}
+
+/// Strip a RoceNode of its managedFields (the operator's apply and the agent's status write
+/// each leave an entry, larger than the spec itself).
+pub fn roce_node(rn: &mut RoceNode) {
+    rn.metadata.managed_fields = None;
+}
+
+/// Strip a region directory of its managedFields.
+pub fn config_map(cm: &mut ConfigMap) {
+    cm.metadata.managed_fields = None;
 }
 
 /// An annotation of ours: `rocefabric.io/...`.
@@ -76,6 +89,32 @@ mod tests {
         assert_eq!(status.phase.as_deref(), Some("Running"));
         assert_eq!(status.pod_ip.as_deref(), Some("10.0.0.1"));
         assert!(status.container_statuses.is_none());
+    }
+
+    #[test]
+    fn roce_nodes_and_directories_lose_only_their_managed_fields() {
+        let meta = serde_json::json!({"name": "n1", "labels": {"rocefabric.io/fabric": "f"},
+            "managedFields": [{"manager": "rocefabric-operator", "operation": "Apply"}]});
+        let mut rn: RoceNode = serde_json::from_value(serde_json::json!({
+            "apiVersion": "rocefabric.io/v1alpha1", "kind": "RoceNode", "metadata": meta,
+            "spec": {"fabric": "f", "fabricGeneration": 1, "qos": {}}
+        }))
+        .expect("valid RoceNode");
+        let before = rn.spec.clone();
+        roce_node(&mut rn);
+        assert!(rn.metadata.managed_fields.is_none());
+        assert_eq!(rn.metadata.labels.as_ref().map(|l| l.len()), Some(1));
+        assert_eq!(
+            serde_json::to_value(&rn.spec).ok(),
+            serde_json::to_value(&before).ok()
+        );
+        let mut cm: ConfigMap = serde_json::from_value(serde_json::json!({
+            "metadata": meta, "data": {"directory": "x"}
+        }))
+        .expect("valid ConfigMap");
+        config_map(&mut cm);
+        assert!(cm.metadata.managed_fields.is_none());
+        assert_eq!(cm.data.as_ref().map(|d| d.len()), Some(1));
     }
 
     #[test]
