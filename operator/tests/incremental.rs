@@ -588,3 +588,27 @@ fn random_sequences_mostly_take_the_fast_paths() {
         "{full} full passes against {incremental} incremental plans"
     );
 }
+
+/// The `plan` command's per-node lists come from the full pass: an engine asked for a detailed
+/// report never reads a plan off its indexes.
+#[test]
+fn a_detailed_report_always_comes_from_the_full_pass() {
+    let opts = PlanOptions {
+        detailed_report: true,
+        ..PlanOptions::default()
+    };
+    let a = fabric("a", 0, &[("fabric", "a")]);
+    let nodes = vec![
+        node("n1", &[("fabric", "a")]),
+        node("n2", &[("fabric", "a")]),
+    ];
+    let mut w = world(vec![a], nodes, Vec::new());
+    w.now = now();
+    let mut engine = Incremental::new(opts.clone());
+    engine.replace(w.clone());
+    let first = engine.plan(w.now);
+    let second = engine.plan(w.now);
+    assert_eq!(engine.figures().full_passes, 2);
+    assert_eq!(second.report.nodes.len(), 2, "{:?}", second.report);
+    assert_eq!(first.report.nodes.len(), plan(&w, &opts).report.nodes.len());
+}

@@ -463,7 +463,8 @@ impl Incremental {
             .state
             .as_ref()
             .is_some_and(|s| s.regions.iter().flatten().all(|r| r.can_commit(now)));
-        if !ready {
+        // The per-node and per-region lists of a detailed report come from the full pass only.
+        if !ready || self.opts.detailed_report {
             return self.full(now);
         }
         self.figures.incremental_plans += 1;
