@@ -7,10 +7,11 @@ use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, PodSpec, PodStatus};
 use rocefabric_api::RoceNode;
 use rocefabric_api::constants::GROUP;
 
-/// Strip a pod to its metadata (without managedFields, and with only the `rocefabric.io/`
-/// annotations), node name, scheduling gates, phase and IPs.
+/// Strip a pod to its metadata (without managedFields and owner references, and with only the
+/// `rocefabric.io/` annotations), node name, scheduling gates, phase and IPs.
 pub fn pod(pod: &mut Pod) {
     pod.metadata.managed_fields = None;
+    pod.metadata.owner_references = None;
     if let Some(annotations) = &mut pod.metadata.annotations {
         annotations.retain(|k, _| ours(k));
     }
@@ -67,7 +68,9 @@ mod tests {
             "metadata": {"name": "a", "namespace": "ns", "labels": {"app": "x"},
                 "annotations": {"rocefabric.io/region": "{}",
                     "kubectl.kubernetes.io/last-applied-configuration": "{...}"},
-                "managedFields": [{"manager": "kubectl"}]},
+                "managedFields": [{"manager": "kubectl"}],
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                    "name": "a-1", "uid": "u1"}]},
             "spec": {"nodeName": "n1", "schedulingGates": [{"name": "rocefabric.io/region"}],
                 "containers": [{"name": "c", "image": "busybox"}]},
             "status": {"phase": "Running", "podIP": "10.0.0.1", "containerStatuses": []}
@@ -75,6 +78,7 @@ mod tests {
         .expect("valid pod");
         pod(&mut p);
         assert!(p.metadata.managed_fields.is_none());
+        assert!(p.metadata.owner_references.is_none());
         assert_eq!(p.metadata.labels.as_ref().map(|l| l.len()), Some(1));
         let annotations = p.metadata.annotations.as_ref().expect("ours kept");
         assert_eq!(
