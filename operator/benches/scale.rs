@@ -31,8 +31,12 @@ use anyhow::Context as _;
 use scale::apiserver::Options;
 use scale::operator::{Heap, Memory, Pass};
 use scale::scenario::{Convergence, Harness, Timed};
-use scale::world::{Sizes, World};
+use scale::world::{NodeState, Sizes, World};
 use tokio::time::Instant;
+
+// Counts the harness's own heap, for the per-object costs (the operator is another process).
+#[global_allocator]
+static HEAP: peak_alloc::PeakAlloc = peak_alloc::PeakAlloc;
 
 const FULL: Sizes = Sizes {
     nodes: 100_000,
@@ -90,6 +94,53 @@ fn planner(passes: &[Pass]) -> Vec<Duration> {
         .collect()
 }
 
+/// What the operator keeps of one generated node and one fabric pod, in heap bytes as
+/// requested (the allocator adds about 16 bytes per block): parsed as its watches parse them
+/// and trimmed as it trims them. The profile behind the memory figure.
+fn object_costs(world: &World) -> anyhow::Result<(usize, usize)> {
+    use k8s_openapi::api::core::v1::{Node, Pod};
+    const SAMPLE: u32 = 1000;
+    let node_json: Vec<String> = (0..SAMPLE)
+        .map(|i| {
+            world.node_json(
+                i,
+                &NodeState {
+                    rv: 1,
+                    labels: None,
+                },
+                true,
+            )
+        })
+        .collect();
+    let pod_json: Vec<String> = (0..)
+        .filter(|i| world.initially_fabric(*i))
+        .take(SAMPLE as usize)
+        .map(|i| world.pod_json(i, &world.initial_pod(i, 1)))
+        .collect();
+    let before = HEAP.current_usage();
+    let mut nodes = Vec::with_capacity(node_json.len());
+    for j in &node_json {
+        let meta: kube::api::PartialObjectMeta<Node> = serde_json::from_str(j)?;
+        let mut node = Node {
+            metadata: meta.metadata,
+            spec: None,
+            status: None,
+        };
+        rocefabric_operator::trim::node(&mut node);
+        nodes.push(node);
+    }
+    let node_bytes = (HEAP.current_usage() - before) / nodes.len();
+    let before = HEAP.current_usage();
+    let mut pods = Vec::with_capacity(pod_json.len());
+    for j in &pod_json {
+        let mut pod: Pod = serde_json::from_str(j)?;
+        rocefabric_operator::trim::pod(&mut pod);
+        pods.push(pod);
+    }
+    let pod_bytes = (HEAP.current_usage() - before) / pods.len().max(1);
+    Ok((node_bytes, pod_bytes))
+}
+
 /// Events of one kind, as many as fit `budget` (at least one).
 async fn collect<F>(n: u64, budget: Duration, mut one: F) -> anyhow::Result<Vec<Timed>>
 where
@@ -136,6 +187,8 @@ struct Figures {
     convergence: Convergence,
     converged_memory: Memory,
     converged_heap: Option<Heap>,
+    /// Heap bytes the operator keeps per node and per fabric pod ([`object_costs`]).
+    object_costs: (usize, usize),
     end_memory: Memory,
     harness_memory: Memory,
     pod_events: Vec<Timed>,
@@ -180,6 +233,11 @@ fn print(f: &Figures) {
             "",
         );
     }
+    row(
+        "  the operator's copy of one node (metadata) / one fabric pod (trimmed), heap bytes",
+        format!("{} / {}", f.object_costs.0, f.object_costs.1),
+        "",
+    );
     row(
         "operator memory at the end: VmHWM / VmRSS",
         format!("{} / {}", gib(f.end_memory.peak), gib(f.end_memory.now)),
@@ -323,6 +381,7 @@ async fn run() -> anyhow::Result<()> {
         convergence,
         converged_memory,
         converged_heap: h.operator.heap,
+        object_costs: object_costs(&World::new(sizes))?,
         end_memory: h.operator.memory()?,
         harness_memory: Memory::of("self")?,
         pod_events,
