@@ -144,7 +144,18 @@ fn main() {
         f.fallbacks,
         mib(HEAP.current_usage())
     );
-    // Where the heap goes: each kind of object, measured by the heap a copy of it takes.
+    // A pass with nothing to do.
+    let mut idle = Vec::new();
+    for _ in 0..events {
+        let t = Instant::now();
+        let p = engine.plan(now);
+        idle.push(t.elapsed());
+        assert!(p.writes.is_empty());
+    }
+    let (p50, p99) = percentiles(idle);
+    println!("nothing to do: p50 {p50:.2?}, p99 {p99:.2?}, 0 writes (target < 5 ms)");
+    // Where the heap goes: each kind of object, measured by the heap a copy of it takes (after
+    // the timed passes: freeing the copy disturbs the allocator for a while).
     let world = engine.world(now);
     println!(
         "  of which objects: nodes {}, pods {}, RoceNodes {}, directories {}; the rest is the planner's indexes",
@@ -159,17 +170,6 @@ fn main() {
         "  status: {} of {} nodes configured, {} regions",
         r.configured_nodes, r.selected_nodes, r.region_count
     );
-
-    // A pass with nothing to do.
-    let mut idle = Vec::new();
-    for _ in 0..events {
-        let t = Instant::now();
-        let p = engine.plan(now);
-        idle.push(t.elapsed());
-        assert!(p.writes.is_empty());
-    }
-    let (p50, p99) = percentiles(idle);
-    println!("nothing to do: p50 {p50:.2?}, p99 {p99:.2?}, 0 writes (target < 5 ms)");
 
     // A new fabric pod, newest of all: its event taken and the pass planned.
     let mut samples = Vec::new();
