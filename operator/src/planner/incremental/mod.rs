@@ -730,10 +730,7 @@ impl State {
                 (Some(r), Some(p)) => r.update(p, configs),
                 _ => Step::Full,
             },
-            (Route::To(f), Route::To(_)) => {
-                let _ = f;
-                Step::Full
-            }
+            (Route::To(_), Route::To(_)) => Step::Full,
             (Route::To(f), _) => match self.regions[f].as_mut() {
                 Some(r) => r.remove(key, configs),
                 None => Step::Full,
