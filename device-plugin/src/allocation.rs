@@ -425,6 +425,85 @@ pub fn preferred(
     must
 }
 
+impl DeviceNode {
+    /// The host's device node at the same path in the container.
+    pub fn host(path: String) -> Self {
+        DeviceNode {
+            container_path: path.clone(),
+            host_path: path,
+            permissions: DEVICE_PERMISSIONS.to_string(),
+        }
+    }
+}
+
+/// The device node of one GPU (`/dev/nvidia<N>`).
+pub fn gpu_device_node(gpu: &Gpu) -> String {
+    format!("/dev/nvidia{}", gpu.index)
+}
+
+/// The device node of one HCA (`/dev/infiniband/uverbs<N>`); `None` without a uverbs device.
+pub fn hca_device_node(hca: &Hca) -> Option<String> {
+    hca.uverbs
+        .as_ref()
+        .map(|uverbs| format!("/dev/infiniband/{uverbs}"))
+}
+
+/// Device nodes every container with any HCA (`rdma_cm`) or any GPU (the NVIDIA control devices)
+/// needs once, whatever the count.
+pub fn shared_device_nodes(any_hca: bool, any_gpu: bool) -> Vec<String> {
+    let mut out = Vec::new();
+    if any_gpu {
+        out.extend(NVIDIA_SHARED_DEVICES.iter().map(|p| p.to_string()));
+    }
+    if any_hca {
+        out.push(RDMA_CM.to_string());
+    }
+    out
+}
+
+/// The workload environment for a set of HCAs and GPUs (see the module docs), the part both the
+/// device plugin's Allocate and DRA's CDI specs hand out; `hcas` and `gpus` in the order they
+/// are listed (HCA ID order, GPU index order).
+pub fn workload_env(
+    hcas: &[&Hca],
+    gpus: &[&Gpu],
+    traffic_class: Option<u8>,
+) -> BTreeMap<String, String> {
+    let mut envs = BTreeMap::new();
+    if !hcas.is_empty() {
+        let ports: Vec<String> = hcas
+            .iter()
+            .map(|h| format!("{}:{}", h.name, h.port))
+            .collect();
+        let ports = ports.join(",");
+        envs.insert("NCCL_IB_HCA".into(), format!("={ports}"));
+        envs.insert("UCX_NET_DEVICES".into(), ports);
+        let gid_indexes: BTreeSet<Option<u32>> = hcas.iter().map(|h| h.roce_v2_gid_index).collect();
+        if let [Some(gid)] = gid_indexes.into_iter().collect::<Vec<_>>().as_slice() {
+            envs.insert("NCCL_IB_GID_INDEX".into(), gid.to_string());
+        }
+        if let Some(tc) = traffic_class {
+            envs.insert("NCCL_IB_TC".into(), tc.to_string());
+            envs.insert("UCX_IB_TRAFFIC_CLASS".into(), tc.to_string());
+        }
+    }
+    if !gpus.is_empty() {
+        // UUIDs when the driver gave every one (stable whatever the runtime's enumeration),
+        // else the indexes.
+        let uuids: Option<Vec<&str>> = gpus.iter().map(|g| g.uuid.as_deref()).collect();
+        let visible = match uuids {
+            Some(uuids) => uuids.join(","),
+            None => gpus
+                .iter()
+                .map(|g| g.index.to_string())
+                .collect::<Vec<_>>()
+                .join(","),
+        };
+        envs.insert("NVIDIA_VISIBLE_DEVICES".into(), visible);
+    }
+    envs
+}
+
 /// Resolve one granted ID of `kind`; an ID of a device another resource owns names that owner.
 fn resolve<'a>(
     kind: ResourceKind,
@@ -491,71 +570,34 @@ pub fn allocate(
     let mut seen = BTreeSet::new();
     granted_pci.retain(|p| seen.insert(*p));
 
-    let mut out = ContainerAllocation::default();
-    let mut add_dev = |path: String| {
-        if !out.devices.iter().any(|d| d.host_path == path) {
-            out.devices.push(DeviceNode {
-                container_path: path.clone(),
-                host_path: path,
-                permissions: DEVICE_PERMISSIONS.to_string(),
-            });
-        }
-    };
-    for g in gpus.values() {
-        add_dev(format!("/dev/nvidia{}", g.index));
-    }
-    if !gpus.is_empty() {
-        for p in NVIDIA_SHARED_DEVICES {
-            add_dev(p.to_string());
-        }
-    }
     for (id, h) in &hca_ids {
-        let Some(uverbs) = &h.uverbs else {
+        if h.uverbs.is_none() {
             return Err(AllocateError::NoUverbs {
                 resource: resource.to_string(),
                 id: id.to_string(),
                 hca: h.name.clone(),
             });
-        };
-        add_dev(format!("/dev/infiniband/{uverbs}"));
+        }
     }
-    if !hcas.is_empty() {
-        add_dev(RDMA_CM.to_string());
+    let hcas: Vec<&Hca> = hcas.into_values().collect();
+    let gpus: Vec<&Gpu> = gpus.into_values().collect();
+    let mut out = ContainerAllocation::default();
+    // GPUs and their control devices, then the HCAs in grant order and rdma_cm.
+    let [gpu_shared, hca_shared] = [(false, !gpus.is_empty()), (!hcas.is_empty(), false)]
+        .map(|(h, g)| shared_device_nodes(h, g));
+    let nodes = gpus
+        .iter()
+        .map(|g| gpu_device_node(g))
+        .chain(gpu_shared)
+        .chain(hca_ids.iter().filter_map(|(_, h)| hca_device_node(h)))
+        .chain(hca_shared);
+    for path in nodes {
+        if !out.devices.iter().any(|d| d.host_path == path) {
+            out.devices.push(DeviceNode::host(path));
+        }
     }
-
+    out.envs = workload_env(&hcas, &gpus, traffic_class);
     let envs = &mut out.envs;
-    if !hcas.is_empty() {
-        let ports: Vec<String> = hcas
-            .values()
-            .map(|h| format!("{}:{}", h.name, h.port))
-            .collect();
-        let ports = ports.join(",");
-        envs.insert("NCCL_IB_HCA".into(), format!("={ports}"));
-        envs.insert("UCX_NET_DEVICES".into(), ports);
-        let gid_indexes: BTreeSet<Option<u32>> =
-            hcas.values().map(|h| h.roce_v2_gid_index).collect();
-        if let [Some(gid)] = gid_indexes.into_iter().collect::<Vec<_>>().as_slice() {
-            envs.insert("NCCL_IB_GID_INDEX".into(), gid.to_string());
-        }
-        if let Some(tc) = traffic_class {
-            envs.insert("NCCL_IB_TC".into(), tc.to_string());
-            envs.insert("UCX_IB_TRAFFIC_CLASS".into(), tc.to_string());
-        }
-    }
-    if !gpus.is_empty() {
-        // UUIDs when the driver gave every one (stable whatever the runtime's enumeration),
-        // else the indexes.
-        let uuids: Option<Vec<&str>> = gpus.values().map(|g| g.uuid.as_deref()).collect();
-        let visible = match uuids {
-            Some(uuids) => uuids.join(","),
-            None => gpus
-                .keys()
-                .map(u32::to_string)
-                .collect::<Vec<_>>()
-                .join(","),
-        };
-        envs.insert("NVIDIA_VISIBLE_DEVICES".into(), visible);
-    }
     if !granted_pci.is_empty() {
         envs.insert(pcidevice_env_name(resource), granted_pci.join(","));
     }

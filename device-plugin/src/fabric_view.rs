@@ -25,6 +25,8 @@ pub struct FabricView {
     /// The fabric's NICs (the RoceNode's `spec.nicSelector`): only these are gated. HCAs outside
     /// the fabric (storage rails, other vendors) keep their own health. `None`: every HCA.
     pub fabric_nics: Option<NicSelector>,
+    /// The RoceFabric the node belongs to (the RoceNode's `spec.fabric`), when it has one.
+    pub fabric: Option<String>,
 }
 
 impl FabricView {
@@ -34,6 +36,7 @@ impl FabricView {
             traffic_class: config.traffic_class,
             qos_ready: None,
             fabric_nics: None,
+            fabric: None,
         }
     }
 
@@ -124,6 +127,7 @@ mod tests {
     #[test]
     fn gate_marks_hcas_without_applied_qos_unhealthy() {
         let view = FabricView {
+            fabric: None,
             traffic_class: None,
             qos_ready: Some(["enp24s0np0".to_string()].into_iter().collect()),
             fabric_nics: None,
@@ -154,6 +158,7 @@ mod tests {
             Some(106)
         );
         let view = FabricView {
+            fabric: None,
             traffic_class: Some(98),
             qos_ready: None,
             fabric_nics: None,
@@ -168,6 +173,7 @@ mod tests {
     #[test]
     fn gate_leaves_hcas_outside_the_fabric_alone() {
         let view = FabricView {
+            fabric: None,
             traffic_class: None,
             qos_ready: Some(["enp24s0np0".to_string()].into_iter().collect()),
             fabric_nics: Some(NicSelector {

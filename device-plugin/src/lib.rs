@@ -8,6 +8,7 @@
 pub mod allocation;
 pub mod cli;
 pub mod config;
+pub mod dra;
 pub mod fabric_view;
 pub mod fixtures;
 pub mod inventory;

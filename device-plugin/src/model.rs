@@ -33,6 +33,21 @@ pub enum PortState {
     Unknown,
 }
 
+impl PortState {
+    /// The kernel's name of the state (`ACTIVE`, `DOWN`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PortState::Nop => "NOP",
+            PortState::Down => "DOWN",
+            PortState::Init => "INIT",
+            PortState::Armed => "ARMED",
+            PortState::Active => "ACTIVE",
+            PortState::ActiveDefer => "ACTIVE_DEFER",
+            PortState::Unknown => "UNKNOWN",
+        }
+    }
+}
+
 /// One RDMA device with a RoCE (Ethernet link layer) port: what the `rdma/hca` resource hands out.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]

@@ -37,6 +37,7 @@ use tokio::time::Instant;
 
 use crate::allocation::{self, AdvertisedDevice, ContainerAllocation, ResourceKind};
 use crate::config::Config;
+use crate::dra::ledger::Ledger;
 use crate::fabric_view::FabricView;
 use crate::inventory;
 use crate::kubelet::registration::{self, Backoff};
@@ -78,6 +79,9 @@ pub struct ServeOptions {
     pub exit_after_unregistered: Option<Duration>,
     /// Where the daemon counts what it does; register it with a [`Registry`] to export it.
     pub metrics: Arc<ServeMetrics>,
+    /// `both` mode: the ledger shared with the DRA driver. Devices a claim holds are listed
+    /// Unhealthy and refused by Allocate; every grant is recorded.
+    pub ledger: Option<Arc<Ledger>>,
 }
 
 type Labels = Vec<(&'static str, String)>;
@@ -155,6 +159,7 @@ impl ServeOptions {
             start_attempts: DEFAULT_START_ATTEMPTS,
             exit_after_unregistered: Some(DEFAULT_EXIT_AFTER_UNREGISTERED),
             metrics: Arc::default(),
+            ledger: None,
         }
     }
 }
@@ -242,10 +247,11 @@ struct Publisher {
     lists: Vec<DeviceList>,
     /// Each served device's resource at the last publish; `None` before the first.
     owners: Option<BTreeMap<String, ResourceKind>>,
+    ledger: Option<Arc<Ledger>>,
 }
 
 impl Publisher {
-    fn new(config: Arc<Config>, metrics: Arc<ServeMetrics>) -> Self {
+    fn new(config: Arc<Config>, metrics: Arc<ServeMetrics>, ledger: Option<Arc<Ledger>>) -> Self {
         let lists = ResourceKind::enabled_kinds(&config)
             .into_iter()
             .map(|kind| DeviceList {
@@ -260,6 +266,7 @@ impl Publisher {
             state: watch::Sender::new(Arc::new(NodeState::default())),
             lists,
             owners: None,
+            ledger,
         }
     }
 
@@ -296,7 +303,21 @@ impl Publisher {
     /// Recompute everything; each channel is notified only when its content changed.
     fn publish(&mut self, inventory: &Inventory, view: &FabricView) {
         self.log_ownership(inventory);
-        let gated = view.gate(inventory);
+        let mut gated = view.gate(inventory);
+        if let Some(ledger) = &self.ledger {
+            // Devices a DRA claim holds: Unhealthy here, so the kubelet grants them to no pod.
+            let claimed = ledger.claimed();
+            for hca in gated.hcas.iter_mut().filter(|h| claimed.contains(&h.id)) {
+                hca.health = Health::Unhealthy;
+            }
+            for gpu in gated
+                .gpus
+                .iter_mut()
+                .filter(|g| claimed.contains(&g.pci_address))
+            {
+                gpu.health = Health::Unhealthy;
+            }
+        }
         for list in &mut self.lists {
             let devices = with_departed(
                 allocation::advertised(list.kind, &gated, &self.config),
@@ -352,6 +373,7 @@ impl Publisher {
             metrics: Arc::clone(&self.metrics),
             state: self.state.subscribe(),
             devices: list.tx.subscribe(),
+            ledger: self.ledger.clone(),
         })
     }
 }
@@ -366,6 +388,7 @@ pub struct ResourceBackend {
     metrics: Arc<ServeMetrics>,
     state: watch::Receiver<Arc<NodeState>>,
     devices: watch::Receiver<Vec<pb::Device>>,
+    ledger: Option<Arc<Ledger>>,
 }
 
 impl ResourceBackend {
@@ -425,6 +448,28 @@ impl DeviceBackend for ResourceBackend {
             state.traffic_class,
             device_ids,
         );
+        // `both` mode: the grant is recorded in the ledger, unless a DRA claim holds a device.
+        let claimed = match (&result, &self.ledger) {
+            (Ok(_), Some(ledger)) => {
+                let devices = device_ids
+                    .iter()
+                    .flat_map(|id| ownership::devices_behind(self.kind, id))
+                    .map(str::to_string)
+                    .collect();
+                ledger
+                    .grant(&self.name, &devices, std::time::Instant::now())
+                    .err()
+            }
+            _ => None,
+        };
+        if let Some(conflict) = claimed {
+            let labels = ServeMetrics::labels(&self.name, "result", "claimed_by_dra");
+            self.metrics.allocations.get_or_create(&labels).inc();
+            return Err(BackendError::InvalidRequest(format!(
+                "{}: {conflict}",
+                self.name
+            )));
+        }
         let outcome = match &result {
             Ok(_) => "success",
             Err(allocation::AllocateError::UnknownDevice { .. }) => "unknown_device",
@@ -480,15 +525,15 @@ pub fn to_proto(alloc: ContainerAllocation) -> pb::ContainerAllocateResponse {
 
 /// Where discovery reads from.
 #[derive(Clone, Debug)]
-struct Sources {
-    sysfs: PathBuf,
-    proc: Option<PathBuf>,
-    dev: PathBuf,
+pub struct Sources {
+    pub sysfs: PathBuf,
+    pub proc: Option<PathBuf>,
+    pub dev: PathBuf,
 }
 
 /// Discovery on the blocking pool. A GPU whose `/dev/nvidiaN` is missing is Unhealthy: the
 /// container it would be granted to could not start.
-async fn discover(sources: &Sources, config: &Config) -> Result<Inventory, String> {
+pub async fn discover(sources: &Sources, config: &Config) -> Result<Inventory, String> {
     let sources = sources.clone();
     let selector = config.hca.selector.clone();
     let soft_roce = config.soft_roce;
@@ -530,8 +575,16 @@ async fn poll_loop(
     ticks.reset(); // the first discovery already ran
     let mut view = view_rx.borrow_and_update().clone();
     let mut view_open = true;
+    let mut ledger_changes = publisher.ledger.as_ref().map(|l| l.changes());
     loop {
         tokio::select! {
+            // `both` mode: a claim prepared or unprepared changes which devices are listed.
+            Some(()) = async {
+                match ledger_changes.as_mut() {
+                    Some(rx) => rx.changed().await.ok(),
+                    None => std::future::pending().await,
+                }
+            } => {}
             _ = ticks.tick() => match discover(&sources, &config).await {
                 Ok(found) => inventory = found,
                 Err(error) => {
@@ -800,7 +853,11 @@ pub async fn run(
     };
     tracing::info!(node = node_name.as_deref().unwrap_or(""), hcas = inventory.hcas.len(),
         gpus = inventory.gpus.len(), plugin_dir = %plugin_dir.display(), "starting device plugin");
-    let mut publisher = Publisher::new(Arc::clone(&config), Arc::clone(&options.metrics));
+    let mut publisher = Publisher::new(
+        Arc::clone(&config),
+        Arc::clone(&options.metrics),
+        options.ledger.clone(),
+    );
     let mut view_rx = fabric_view;
     let view = view_rx.borrow_and_update().clone();
     publisher.publish(&inventory, &view);

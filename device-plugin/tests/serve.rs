@@ -531,6 +531,7 @@ async fn qos_gate_reports_hcas_without_applied_qos_unhealthy() {
         traffic_class: Some(98),
         qos_ready: Some(ready),
         fabric_nics: None,
+        fabric: None,
     };
     let config = Config {
         traffic_class: Some(106),
@@ -585,6 +586,7 @@ async fn qos_gate_reports_pairs_without_applied_qos_unhealthy() {
         traffic_class: Some(98),
         qos_ready: Some(["enp24s0np0".to_string()].into_iter().collect()),
         fabric_nics: None,
+        fabric: None,
     };
     let daemon = Daemon::start_with_view(node.options(pair_config()), view);
     let snapshot = kubelet
@@ -848,4 +850,53 @@ async fn gives_up_naming_the_cause_when_a_socket_cannot_be_created() {
         )
     );
     assert!(blocker.join("not-ours").is_dir(), "left as it was");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_mode_a_device_a_dra_claim_holds_is_unhealthy_and_refused() {
+    use rocefabric_device_plugin::dra::ledger::Ledger;
+    let node = Node::dgx();
+    let ledger = std::sync::Arc::new(Ledger::default());
+    let claimed = "0000:18:00.0";
+    ledger.restore_claim("uid-1", "ns/pairs", [claimed.to_string()].into());
+    let kubelet = KubeletEmulator::start(&node.plugin_dir)
+        .await
+        .expect("emulator");
+    let mut options = node.options(fast_config());
+    options.ledger = Some(std::sync::Arc::clone(&ledger));
+    let daemon = Daemon::start(options);
+    kubelet
+        .wait_for_devices(HCA, WAIT, |d| health_of(d, claimed) == Some("Unhealthy"))
+        .await
+        .expect("the claimed HCA is listed Unhealthy");
+    let message = invalid_argument(
+        kubelet
+            .allocate(HCA, &[claimed])
+            .await
+            .expect_err("a claimed HCA is not granted"),
+    );
+    assert!(
+        message.contains("held by DRA claim ns/pairs (uid-1)"),
+        "{message}"
+    );
+
+    // Granted through the device plugin, an HCA is in the ledger for DRA to see.
+    kubelet
+        .allocate(HCA, &["0000:40:00.0"])
+        .await
+        .expect("allocate");
+    assert!(
+        ledger
+            .granted(std::time::Instant::now())
+            .contains("0000:40:00.0")
+    );
+
+    // Unprepared, the HCA is back.
+    ledger.release_claim("uid-1");
+    kubelet
+        .wait_for_devices(HCA, WAIT, |d| health_of(d, claimed) == Some("Healthy"))
+        .await
+        .expect("Healthy again once the claim is gone");
+    kubelet.allocate(HCA, &[claimed]).await.expect("allocate");
+    daemon.stop().await.expect("clean stop");
 }

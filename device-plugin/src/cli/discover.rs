@@ -252,15 +252,7 @@ fn opt<T: ToString>(v: &Option<T>) -> String {
 }
 
 fn state_text(s: PortState) -> &'static str {
-    match s {
-        PortState::Nop => "NOP",
-        PortState::Down => "DOWN",
-        PortState::Init => "INIT",
-        PortState::Armed => "ARMED",
-        PortState::Active => "ACTIVE",
-        PortState::ActiveDefer => "ACTIVE_DEFER",
-        PortState::Unknown => "UNKNOWN",
-    }
+    s.as_str()
 }
 
 fn distance_text(d: Distance) -> &'static str {

@@ -20,8 +20,8 @@ pub enum Command {
     /// Print the RoCE HCAs, GPUs and their PCIe topology found in sysfs.
     Discover(discover::Args),
     // Subcommands are added by their modules: discover, serve, qos, agent.
-    /// Serve the HCAs and GPUs to the kubelet (device plugin API v1beta1).
-    Serve(serve::ServeArgs),
+    /// Serve the HCAs and GPUs to the kubelet (device plugin API v1beta1, DRA, or both).
+    Serve(Box<serve::ServeArgs>),
     /// Show or apply the lossless RoCE QoS of one netdev (DCB netlink, rtnetlink, driver files).
     Qos(qos::QosArgs),
     /// Run the node QoS agent: apply this node's RoceNode and report it (needs CAP_NET_ADMIN).
@@ -32,7 +32,7 @@ pub enum Command {
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Discover(args) => discover::run(args),
-        Command::Serve(args) => serve::run(args),
+        Command::Serve(args) => serve::run(*args),
         Command::Qos(args) => qos::run(args),
         Command::Agent(args) => agent::run(args),
     }

@@ -1,4 +1,5 @@
-//! `rocefabric-device-plugin serve`: run the kubelet device plugin for this node's HCAs and GPUs.
+//! `rocefabric-device-plugin serve`: run the kubelet device plugin, the DRA driver, or both, for
+//! this node's HCAs and GPUs.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -9,6 +10,9 @@ use anyhow::{Context, bail};
 use tokio::sync::watch;
 
 use crate::config::{Config, QosGate};
+use crate::dra::driver::DraOptions;
+use crate::dra::ledger::Ledger;
+use crate::dra::{self, Mode};
 use crate::fabric_view::{self, FabricView};
 use crate::kubelet::DEFAULT_PLUGIN_DIR;
 use crate::qos::{agent, gate};
@@ -57,6 +61,29 @@ pub struct ServeArgs {
     /// Serve `/metrics` (OpenMetrics) and `/healthz` on this address; off when not given.
     #[arg(long, value_name = "ADDR", visible_alias = "metrics-bind-address")]
     pub metrics_addr: Option<SocketAddr>,
+    /// Which kubelet APIs to serve: the device plugin API, DRA (ResourceSlices, the kubelet DRA
+    /// plugin, CDI specs), or both with one ledger so no device goes to two pods.
+    #[arg(long, value_enum, default_value = "devicePlugin")]
+    pub mode: Mode,
+    /// DRA: the driver's directory in the kubelet's plugin directory (`dra.sock`,
+    /// `checkpoint.json`); the kubelet must see it at the same path.
+    #[arg(long, value_name = "DIR", default_value = dra::DEFAULT_PLUGIN_DIR)]
+    pub dra_plugin_dir: PathBuf,
+    /// DRA: the kubelet's plugin registration directory.
+    #[arg(long, value_name = "DIR", default_value = dra::DEFAULT_REGISTRY_DIR)]
+    pub dra_registry_dir: PathBuf,
+    /// DRA: where CDI specs of prepared claims are written (the container runtime reads them).
+    #[arg(long, value_name = "DIR", default_value = dra::DEFAULT_CDI_DIR)]
+    pub cdi_dir: PathBuf,
+    /// `both` mode: the kubelet's pod resources socket, to learn when device plugin grants end.
+    #[arg(long, value_name = "PATH", default_value = dra::DEFAULT_POD_RESOURCES_SOCKET)]
+    pub pod_resources_socket: PathBuf,
+    /// DRA: publish GPUs next to the HCAs (`false` where another DRA driver serves the GPUs).
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub dra_gpus: bool,
+    /// Test hook: pause each DRA prepare this long after its checkpoint record is written.
+    #[arg(long, value_name = "DURATION", hide = true, value_parser = crate::config::duration_text::parse)]
+    pub dra_pause_after_checkpoint: Option<Duration>,
 }
 
 impl ServeArgs {
@@ -83,12 +110,43 @@ impl ServeArgs {
             (!self.exit_after_unregistered.is_zero()).then_some(self.exit_after_unregistered);
         Ok(options)
     }
+
+    /// The DRA driver's options; DRA needs the node name (the pool is named after the node).
+    pub fn dra_options(&self, options: &ServeOptions) -> anyhow::Result<DraOptions> {
+        let Some(node_name) = options.node_name.clone() else {
+            bail!(
+                "--mode {:?} needs the node name (--node-name or NODE_NAME): the ResourceSlice pool is named after the node",
+                self.mode
+            );
+        };
+        Ok(DraOptions {
+            plugin_dir: self.dra_plugin_dir.clone(),
+            registry_dir: self.dra_registry_dir.clone(),
+            cdi_dir: self.cdi_dir.clone(),
+            pod_resources_socket: (self.mode == Mode::Both)
+                .then(|| self.pod_resources_socket.clone()),
+            node_name,
+            host_dev_root: self.host_dev_root.clone(),
+            publish_gpus: self.dra_gpus,
+            pause_after_checkpoint: self.dra_pause_after_checkpoint,
+        })
+    }
 }
 
 /// Run the daemon until SIGTERM or ctrl-c.
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     init_logging();
-    let options = args.options()?;
+    let mut options = args.options()?;
+    let mode = args.mode;
+    let dra_options = mode.dra().then(|| args.dra_options(&options)).transpose()?;
+    // `both`: one ledger, filled from the DRA checkpoint before either side serves.
+    let ledger = Arc::new(Ledger::default());
+    if let Some(dra) = &dra_options
+        && mode == Mode::Both
+    {
+        dra::driver::restore_ledger(&dra.checkpoint_path(), &ledger)?;
+        options.ledger = Some(Arc::clone(&ledger));
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -116,7 +174,38 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             shutdown_signal().await;
             let _ = stop_tx.send(true);
         });
-        serve::run(options, view_rx, stopped(stop_rx)).await?;
+        let device_plugin = async {
+            if mode.device_plugin() {
+                serve::run(options.clone(), view_rx.clone(), stopped(stop_rx.clone())).await?;
+            }
+            anyhow::Ok(())
+        };
+        let dra = async {
+            let Some(dra_options) = dra_options.clone() else {
+                return anyhow::Ok(());
+            };
+            let client = kube::Client::try_default()
+                .await
+                .context("DRA mode needs the Kubernetes API (ResourceSlices, ResourceClaims)")?;
+            let sources = serve::Sources {
+                sysfs: options.sysfs_root.clone(),
+                proc: options.proc_root.clone(),
+                dev: options.dev_root.clone(),
+            };
+            dra::driver::run(
+                dra_options,
+                Arc::new(options.config.clone()),
+                client,
+                sources,
+                view_rx.clone(),
+                Arc::clone(&ledger),
+                stopped(stop_rx.clone()),
+            )
+            .await?;
+            anyhow::Ok(())
+        };
+        // Either side failing ends the daemon, so the container restarts with the cause logged.
+        tokio::try_join!(device_plugin, dra)?;
         anyhow::Ok(())
     })
 }

@@ -84,7 +84,7 @@ pub fn remove_stale_sockets(plugin_dir: &Path) -> std::io::Result<Vec<PathBuf>> 
 }
 
 /// A unix socket path as the `unix:` URI tonic dials.
-pub(crate) fn uds_uri(path: &Path) -> Option<String> {
+pub fn uds_uri(path: &Path) -> Option<String> {
     path.to_str().map(|p| format!("unix:{p}"))
 }
 

@@ -42,6 +42,7 @@ pub fn fabric_view_from_roce_node(node: Option<&RoceNode>) -> FabricView {
         traffic_class: Some(node.spec.qos.traffic_class()),
         qos_ready: Some(ready),
         fabric_nics: Some(node.spec.nic_selector.clone()),
+        fabric: Some(node.spec.fabric.clone()),
     }
 }
 
@@ -69,6 +70,7 @@ pub fn initial_view(gate: QosGate) -> FabricView {
             traffic_class: None,
             qos_ready: Some(BTreeSet::new()),
             fabric_nics: None,
+            fabric: None,
         },
     }
 }
@@ -296,6 +298,7 @@ mod tests {
                 traffic_class: Some(106),
                 qos_ready: Some(BTreeSet::new()),
                 fabric_nics: Some(Default::default()),
+                fabric: Some("f".into()),
             }
         );
 
