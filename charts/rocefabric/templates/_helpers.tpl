@@ -81,6 +81,18 @@ app.kubernetes.io/component: node
 {{- end }}
 
 {{/*
+DRA (node.mode `dra` or `both`): "true", else empty, for `if include`. The driver name is fixed: the
+daemon publishes its ResourceSlices under it and the DeviceClasses select on it.
+*/}}
+{{- define "rocefabric.node.dra" -}}
+{{- if has .Values.node.mode (list "dra" "both") }}true{{ end }}
+{{- end }}
+
+{{- define "rocefabric.draDriver" -}}
+rocefabric.io
+{{- end }}
+
+{{/*
 An image reference: repository:tag, the tag defaulting to the chart's appVersion; a digest wins.
 Call with (dict "image" .Values.operator.image "root" .)
 */}}
