@@ -117,6 +117,7 @@ impl Setup {
             host_dev_root: PathBuf::from("/dev"),
             publish_gpus: true,
             pause_after_checkpoint: None,
+            metrics: Arc::default(),
         }
     }
 
@@ -336,6 +337,19 @@ async fn prepare_answers_cdi_ids_writes_the_spec_and_is_idempotent() {
     assert!(!options.cdi_dir.join(cdi::spec_file_name("uid-1")).exists());
     let cp = checkpoint::load(&options.checkpoint_path()).unwrap();
     assert_eq!(cp.claims.keys().collect::<Vec<_>>(), vec!["uid-2"]);
+
+    // What /metrics says.
+    let mut registry = prometheus_client::registry::Registry::default();
+    options.metrics.register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    for line in [
+        r#"rocefabric_dra_prepares_total{result="success"} 3"#,
+        r#"rocefabric_dra_unprepares_total{result="success"} 2"#,
+        "rocefabric_dra_prepared_claims 1",
+    ] {
+        assert!(text.contains(line), "{line} in:\n{text}");
+    }
 }
 
 #[tokio::test]

@@ -129,6 +129,7 @@ impl ServeArgs {
             host_dev_root: self.host_dev_root.clone(),
             publish_gpus: self.dra_gpus,
             pause_after_checkpoint: self.dra_pause_after_checkpoint,
+            metrics: Arc::default(),
         })
     }
 }
@@ -162,6 +163,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         if let Some(addr) = args.metrics_addr {
             let mut registry = prometheus_client::registry::Registry::default();
             options.metrics.register(&mut registry);
+            if let Some(dra) = &dra_options {
+                dra.metrics.register(&mut registry);
+            }
             let server = agent::serve_metrics(addr, Arc::new(registry), stopped(stop_rx.clone()));
             tokio::spawn(async move {
                 // The kubelet side matters more than metrics: keep serving devices regardless.

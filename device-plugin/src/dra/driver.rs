@@ -10,6 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 use tokio::sync::{Mutex, watch};
 use tokio::time::Instant;
 
@@ -31,6 +35,75 @@ const SLICE_RECHECK: Duration = Duration::from_secs(30);
 /// How often the sockets are checked and the pod resources API is asked (`both` mode).
 const HOUSEKEEPING: Duration = Duration::from_secs(5);
 
+type Labels = Vec<(&'static str, String)>;
+
+/// What the DRA driver counts, for `/metrics`.
+#[derive(Debug, Default)]
+pub struct DraMetrics {
+    /// NodePrepareResources per claim, by result (`success`, `failed`).
+    pub prepares: Family<Labels, Counter>,
+    /// NodeUnprepareResources per claim, by result.
+    pub unprepares: Family<Labels, Counter>,
+    /// Devices in the slice (`state="published"`) and left out (`state="withdrawn"`, `reason`).
+    pub devices: Family<Labels, Gauge>,
+    /// ResourceSlice writes (create or replace).
+    pub slice_writes: Counter,
+    /// Claims in the checkpoint.
+    pub prepared_claims: Gauge,
+}
+
+impl DraMetrics {
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "rocefabric_dra_prepares",
+            "NodePrepareResources calls per claim, by result",
+            self.prepares.clone(),
+        );
+        registry.register(
+            "rocefabric_dra_unprepares",
+            "NodeUnprepareResources calls per claim, by result",
+            self.unprepares.clone(),
+        );
+        registry.register(
+            "rocefabric_dra_devices",
+            "Devices in the node's ResourceSlice (published) and withdrawn from it, by reason",
+            self.devices.clone(),
+        );
+        registry.register(
+            "rocefabric_dra_slice_writes",
+            "ResourceSlice creates and replaces",
+            self.slice_writes.clone(),
+        );
+        registry.register(
+            "rocefabric_dra_prepared_claims",
+            "Claims prepared on this node (checkpoint records)",
+            self.prepared_claims.clone(),
+        );
+    }
+
+    fn result(family: &Family<Labels, Counter>, ok: bool) {
+        let result = if ok { "success" } else { "failed" };
+        family
+            .get_or_create(&vec![("result", result.to_string())])
+            .inc();
+    }
+
+    fn listing(&self, listing: &Listing) {
+        self.devices.clear();
+        let published = vec![("state", "published".to_string())];
+        self.devices
+            .get_or_create(&published)
+            .set(i64::try_from(listing.published.len()).unwrap_or(i64::MAX));
+        for (_, why) in &listing.withdrawn {
+            let labels = vec![
+                ("state", "withdrawn".to_string()),
+                ("reason", why.as_str().to_string()),
+            ];
+            self.devices.get_or_create(&labels).inc();
+        }
+    }
+}
+
 /// Where the driver finds things and what it publishes.
 #[derive(Clone, Debug)]
 pub struct DraOptions {
@@ -51,6 +124,7 @@ pub struct DraOptions {
     /// Test hook: sleep this long after the `preparing` record is written, so a test can kill
     /// the daemon in the middle of a prepare.
     pub pause_after_checkpoint: Option<Duration>,
+    pub metrics: Arc<DraMetrics>,
 }
 
 impl DraOptions {
@@ -181,7 +255,12 @@ impl<C: ClaimSource> NodeDriver<C> {
     }
 
     fn save(&self, checkpoint: &Checkpoint) -> Result<(), String> {
-        checkpoint::save(&self.options.checkpoint_path(), checkpoint).map_err(|e| e.to_string())
+        checkpoint::save(&self.options.checkpoint_path(), checkpoint).map_err(|e| e.to_string())?;
+        self.options
+            .metrics
+            .prepared_claims
+            .set(i64::try_from(checkpoint.claims.len()).unwrap_or(i64::MAX));
+        Ok(())
     }
 
     /// Ask the kubelet which device plugin grants live pods hold (`both` mode).
@@ -299,7 +378,9 @@ impl<C: ClaimSource> Preparer for NodeDriver<C> {
         for claim in claims.into_iter().map(claim_ref) {
             let span = tracing::info_span!("prepare", claim = %claim, uid = %claim.uid);
             let _enter = span.enter();
-            let response = match self.prepare_one(&claim).await {
+            let result = self.prepare_one(&claim).await;
+            DraMetrics::result(&self.options.metrics.prepares, result.is_ok());
+            let response = match result {
                 Ok(devices) => NodePrepareResourceResponse {
                     devices,
                     error: String::new(),
@@ -323,7 +404,9 @@ impl<C: ClaimSource> Preparer for NodeDriver<C> {
     ) -> BTreeMap<String, NodeUnprepareResourceResponse> {
         let mut out = BTreeMap::new();
         for claim in claims.into_iter().map(claim_ref) {
-            let error = self.unprepare_one(&claim).await.err().unwrap_or_default();
+            let result = self.unprepare_one(&claim).await;
+            DraMetrics::result(&self.options.metrics.unprepares, result.is_ok());
+            let error = result.err().unwrap_or_default();
             if !error.is_empty() {
                 tracing::warn!(%claim, %error, "unprepare failed");
             }
@@ -510,6 +593,7 @@ pub async fn run(
         let held = ledger.granted(std::time::Instant::now());
         let listing = devices::listing(&inventory, &view, options.publish_gpus, &held);
         withdrawn = log_withdrawn(&withdrawn, &listing);
+        options.metrics.listing(&listing);
         if Instant::now() >= recheck {
             publisher.invalidate();
             recheck = Instant::now() + SLICE_RECHECK;
