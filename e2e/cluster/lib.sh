@@ -20,9 +20,15 @@ PIDS=$STATE/pids
 PKI=$STATE/pki
 
 # The Kubernetes release, chosen in README "Try it on a local cluster": the newest release that runs
-# on a cgroup v1 host by default (1.35 needs failCgroupV1: false) and with containerd 1.x (1.35 is
-# the last to), and has DRA (resource.k8s.io/v1) and ValidatingAdmissionPolicy GA.
+# on a cgroup v1 host by default (1.35 needs failCgroupV1: false), and has DRA (resource.k8s.io/v1)
+# and ValidatingAdmissionPolicy GA.
 K8S_VERSION=v1.34.4
+# containerd v2 from Go modules, not Debian's 1.6: DRA needs CDI in the runtime (the kubelet passes
+# the CDI device ids a DRA driver's NodePrepareResources returns in CreateContainer, and containerd
+# resolves them from the specs in /etc/cdi and /var/run/cdi); 1.6 has no CDI. Its shim and ctr too,
+# at the same version. runc stays Debian's.
+CONTAINERD_MODULE=github.com/containerd/containerd/v2
+CONTAINERD_VERSION=v2.2.9
 HELM_MODULE=helm.sh/helm/v4/cmd/helm
 HELM_VERSION=v4.3.2
 # grpcurl: a debugging client the node daemon's plugin sockets must answer (it sends the socket
@@ -45,6 +51,8 @@ CNI_BIN=${ROCEFABRIC_CNI_BIN:-/usr/lib/cni}
 KUBECONFIG_ADMIN=$STATE/kubeconfig
 # Fixed in the kubelet (pluginapi.DevicePluginPath), not under --root-dir.
 DEVICE_PLUGIN_DIR=/var/lib/kubelet/device-plugins
+# Where containerd reads CDI specs a DRA driver writes (the other, /etc/cdi, is configuration).
+CDI_DIR=/var/run/cdi
 
 # Kernel tunables the kubelet sets (protectKernelDefaults off); `down` puts them back.
 KUBELET_SYSCTLS=(vm/overcommit_memory vm/panic_on_oom kernel/panic kernel/panic_on_oops kernel/keys/root_maxkeys kernel/keys/root_maxbytes)
@@ -112,3 +120,8 @@ wait_for() {
 }
 
 kubectl_admin() { "$BIN/kubectl" --kubeconfig "$KUBECONFIG_ADMIN" "$@"; }
+
+# The ctr built with our containerd (Debian's, if installed, is 1.6), on our socket. Quiet about
+# deprecations: on a cgroup v1 host every call would warn that containerd 2.2 deprecates v1 (its log
+# says so once).
+ctr_e2e() { CONTAINERD_SUPPRESS_DEPRECATION_WARNINGS=true "$BIN/ctr" --address "$CONTAINERD_SOCK" "$@"; }

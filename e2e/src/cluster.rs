@@ -41,6 +41,10 @@ pub struct LocalCluster {
     pub state: PathBuf,
     pub bin: PathBuf,
     pub plugin_dir: PathBuf,
+    /// The kubelet's `--root-dir` (DRA plugin sockets, registration, pod resources).
+    pub kubelet_root: PathBuf,
+    /// Where the container runtime reads CDI specs.
+    pub cdi_dir: PathBuf,
     pub kubeconfig: PathBuf,
     pub busybox_image: String,
     pub pause_image: String,
@@ -76,6 +80,8 @@ impl LocalCluster {
             state: PathBuf::from(get("STATE")?),
             bin: PathBuf::from(get("BIN")?),
             plugin_dir: PathBuf::from(get("PLUGIN_DIR")?),
+            kubelet_root: PathBuf::from(get("KUBELET_ROOT")?),
+            cdi_dir: PathBuf::from(get("CDI_DIR")?),
             kubeconfig: kubeconfig.to_path_buf(),
             busybox_image: get("BUSYBOX_IMAGE")?,
             pause_image: get("PAUSE_IMAGE")?,
@@ -94,6 +100,11 @@ impl LocalCluster {
 
     pub fn dev(&self) -> PathBuf {
         self.node_root().join("dev")
+    }
+
+    /// The DRA driver's directory (`dra.sock`, `checkpoint.json`).
+    pub fn dra_plugin_dir(&self) -> PathBuf {
+        self.kubelet_root.join("plugins/rocefabric.io")
     }
 
     /// The cluster's `kubectl` with the admin kubeconfig.
@@ -144,7 +155,14 @@ impl LocalCluster {
                     "pluginDir": path(self.plugin_dir.clone()),
                     "debugfs": path(root.join("debugfs")),
                     "configfs": path(root.join("configfs")),
+                    "kubeletPlugins": path(self.kubelet_root.join("plugins")),
+                    "kubeletPluginsRegistry": path(self.kubelet_root.join("plugins_registry")),
+                    "podResources": path(self.kubelet_root.join("pod-resources")),
+                    "cdi": path(self.cdi_dir.clone()),
                 },
+                // Both APIs with one ledger: the device plugin tests and the DRA tests run on
+                // one node daemon, as a cluster migrating to DRA would.
+                "mode": "both",
                 "config": {"pollInterval": "500ms"},
             }
         })

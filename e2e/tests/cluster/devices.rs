@@ -25,7 +25,7 @@ use crate::{
 };
 
 /// What the fixture implies, computed by the daemon's own discovery over the same tree.
-fn fixture_inventory() -> Inventory {
+pub(crate) fn fixture_inventory() -> Inventory {
     let dir = fixtures::tempdir().expect("temp dir");
     fixture_node().write_to(dir.path()).expect("fixture");
     inventory::discover(dir.path(), &NicSelector::default()).expect("discovery")
@@ -145,13 +145,13 @@ fn pod_asking(name: &str, image: &str, resource: &str, count: u32) -> serde_json
 }
 
 /// What a container holding HCAs saw: its environment and its `/dev/infiniband` entries.
-struct Granted {
-    env: BTreeMap<String, String>,
-    devices: BTreeSet<String>,
+pub(crate) struct Granted {
+    pub env: BTreeMap<String, String>,
+    pub devices: BTreeSet<String>,
 }
 
 impl Granted {
-    fn parse(logs: &str) -> Granted {
+    pub fn parse(logs: &str) -> Granted {
         let mut env = BTreeMap::new();
         let mut devices = BTreeSet::new();
         for line in logs.lines() {

@@ -14,6 +14,7 @@
 
 mod api;
 mod devices;
+mod dra;
 mod lifecycle;
 mod operator;
 mod rbac;
@@ -57,7 +58,7 @@ pub struct Setup {
 }
 
 enum Outcome {
-    Ready(Setup),
+    Ready(Box<Setup>),
     Skip(String),
     Failed(String),
 }
@@ -121,7 +122,7 @@ pub fn cluster(test: &str) -> Option<Ctx> {
             Some(Ctx {
                 rt,
                 client,
-                setup: setup.clone(),
+                setup: Setup::clone(setup),
                 _serial: serial,
             })
         }
@@ -174,7 +175,7 @@ async fn setup() -> Outcome {
         return Outcome::Failed(e);
     }
     match label_nodes_and_apply_fabric(&client, local.is_some()).await {
-        Ok(nodes) => Outcome::Ready(Setup { nodes, local }),
+        Ok(nodes) => Outcome::Ready(Box::new(Setup { nodes, local })),
         Err(e) => Outcome::Failed(e),
     }
 }

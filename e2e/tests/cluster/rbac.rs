@@ -163,8 +163,33 @@ fn node_service_account_has_least_privilege() {
         ("watch", "rocefabric.io", "rocenodes", "", ""),
         ("patch", "rocefabric.io", "rocenodes/status", "", "n"),
         ("create", "events.k8s.io", "events", "default", ""),
+        // DRA mode (the suite runs `both`): its node's slice, the claims it prepares.
+        ("create", "resource.k8s.io", "resourceslices", "", ""),
+        ("update", "resource.k8s.io", "resourceslices", "", "s"),
+        (
+            "get",
+            "resource.k8s.io",
+            "resourceclaims",
+            WORKLOAD_NAMESPACE,
+            "c",
+        ),
     ];
     let deny: &[Request] = &[
+        (
+            "update",
+            "resource.k8s.io",
+            "resourceclaims",
+            WORKLOAD_NAMESPACE,
+            "c",
+        ),
+        (
+            "patch",
+            "resource.k8s.io",
+            "resourceclaims/status",
+            WORKLOAD_NAMESPACE,
+            "c",
+        ),
+        ("create", "resource.k8s.io", "deviceclasses", "", ""),
         ("create", "rocefabric.io", "rocenodes", "", ""),
         ("patch", "rocefabric.io", "rocenodes", "", "n"),
         ("delete", "rocefabric.io", "rocenodes", "", "n"),
@@ -537,5 +562,61 @@ fn pods_a_custom_selector_picks_need_the_region_gate() {
             .delete(NAME, &Default::default())
             .await
             .expect("delete the fabric");
+    });
+}
+
+/// RBAC lets the node daemon write ResourceSlices; the chart's admission policy narrows that to
+/// its own node's slices of its own driver (as upstream DRA drivers do).
+#[test]
+fn node_daemon_writes_only_its_own_nodes_resource_slices() {
+    const TEST: &str = "node_daemon_writes_only_its_own_nodes_resource_slices";
+    let Some((ctx, local)) = local_cluster(TEST) else {
+        return;
+    };
+    let node = local.node_name.clone();
+    let sa = format!("{RELEASE}-node");
+    ctx.rt.block_on(async {
+        let client = &ctx.client;
+        let create = |bound: Option<String>, slice_node: &str, driver: &str| {
+            let body = json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+                "metadata": {"name": format!("{slice_node}-e2e-check")},
+                "spec": {"driver": driver, "nodeName": slice_node,
+                    "pool": {"name": slice_node, "generation": 1, "resourceSliceCount": 1},
+                    "devices": []}
+            })
+            .to_string();
+            let sa = sa.clone();
+            async move {
+                request_as(
+                    client,
+                    &sa,
+                    bound.as_deref(),
+                    "POST",
+                    "/apis/resource.k8s.io/v1/resourceslices",
+                    "application/json",
+                    &body,
+                )
+                .await
+            }
+        };
+        create(Some(node.clone()), &node, "rocefabric.io")
+            .await
+            .expect("the daemon writes its own node's slice");
+        denied_with(
+            create(Some(node.clone()), "rfe2e-other", "rocefabric.io").await,
+            "may write only ResourceSlices of its own node",
+            "a daemon writes another node's slice",
+        );
+        denied_with(
+            create(Some(node.clone()), &node, "gpu.nvidia.com").await,
+            "may write only ResourceSlices of driver rocefabric.io",
+            "a daemon writes another driver's slice",
+        );
+        denied_with(
+            create(None, &node, "rocefabric.io").await,
+            "bound to no node",
+            "a token bound to no node writes a slice",
+        );
     });
 }

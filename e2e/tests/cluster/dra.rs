@@ -1,0 +1,705 @@
+//! DRA mode on the real kubelet and scheduler (the suite installs the chart with `node.mode:
+//! both`): the node's ResourceSlice, claims the scheduler allocates with `matchAttribute` on the
+//! PCIe root, prepare and unprepare through the kubelet into CDI specs that containerd injects, a
+//! daemon killed in the middle of a prepare, and one ledger shared with the device plugin.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{
+    DeviceAttribute, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
+};
+use kube::api::{Api, DeleteParams, PostParams};
+use kube::{Client, ResourceExt};
+use rocefabric_device_plugin::dra::checkpoint;
+use rocefabric_device_plugin::dra::devices::{
+    PCIE_ROOT_ATTRIBUTE, gpu_device_name, hca_device_name,
+};
+use rocefabric_device_plugin::fixtures;
+use rocefabric_device_plugin::model::{Health, Inventory};
+use rocefabric_e2e::cluster::{FABRIC_NETDEVS, LocalCluster};
+use rocefabric_e2e::workspace_root;
+use serde_json::{Value, json};
+
+use crate::devices::{Granted, fixture_inventory};
+use crate::regions::pod_image;
+use crate::{
+    NAMESPACE, WORKLOAD_NAMESPACE, apply_value, create_pod, delete_pod, eventually, install_chart,
+    local_cluster, logs_with, node_daemon_selector, release_ready, running, test_fabric_value,
+};
+
+const DRIVER: &str = "rocefabric.io";
+
+/// The node's slice once `check` accepts it.
+async fn slice_where(
+    client: &Client,
+    node: &str,
+    what: &str,
+    check: impl Fn(&ResourceSlice) -> Result<(), String>,
+) -> ResourceSlice {
+    let slices: Api<ResourceSlice> = Api::all(client.clone());
+    let name = format!("{node}-{DRIVER}");
+    eventually(what, || async {
+        let slice = slices
+            .get_opt(&name)
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| format!("no ResourceSlice {name}"))?;
+        check(&slice).map(|()| slice)
+    })
+    .await
+}
+
+fn device_names(slice: &ResourceSlice) -> BTreeSet<String> {
+    slice
+        .spec
+        .devices
+        .iter()
+        .flatten()
+        .map(|d| d.name.clone())
+        .collect()
+}
+
+fn attribute<'a>(
+    slice: &'a ResourceSlice,
+    device: &str,
+    name: &str,
+) -> Option<&'a DeviceAttribute> {
+    slice
+        .spec
+        .devices
+        .iter()
+        .flatten()
+        .find(|d| d.name == device)?
+        .attributes
+        .as_ref()?
+        .get(name)
+}
+
+fn string_attr(slice: &ResourceSlice, device: &str, name: &str) -> Option<String> {
+    attribute(slice, device, name).and_then(|a| a.string.clone())
+}
+
+/// The fabric's HCAs on this node: veths, whose lossless QoS the agent can never prove.
+fn fabric_hca_names(inv: &Inventory) -> BTreeSet<String> {
+    inv.hcas
+        .iter()
+        .filter(|h| {
+            h.netdev
+                .as_deref()
+                .is_some_and(|n| FABRIC_NETDEVS.iter().any(|(_, host)| *host == n))
+        })
+        .map(hca_device_name)
+        .collect()
+}
+
+/// A ResourceClaimTemplate of `pairs` GPU + HCA pairs, each pair under one PCIe root.
+fn pairs_template(name: &str, pairs: usize) -> Value {
+    let mut requests = Vec::new();
+    let mut constraints = Vec::new();
+    for i in 0..pairs {
+        for (kind, class) in [("gpu", "gpu.rocefabric.io"), ("hca", "hca.rocefabric.io")] {
+            requests.push(json!({"name": format!("{kind}-{i}"),
+                "exactly": {"deviceClassName": class, "count": 1}}));
+        }
+        constraints.push(json!({"matchAttribute": PCIE_ROOT_ATTRIBUTE,
+            "requests": [format!("gpu-{i}"), format!("hca-{i}")]}));
+    }
+    json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": WORKLOAD_NAMESPACE},
+        "spec": {"spec": {"devices": {"requests": requests, "constraints": constraints}}}
+    })
+}
+
+/// The first document of kind `kind` in an example file, moved to the workload namespace.
+fn example(file: &str, kind: &str) -> Value {
+    let text = std::fs::read_to_string(workspace_root().join("examples/dra").join(file))
+        .unwrap_or_else(|e| panic!("examples/dra/{file}: {e}"));
+    for doc in text.split("\n---") {
+        let mut value: Value = yaml_serde::from_str(doc).expect("example YAML");
+        if value["kind"] == kind {
+            value["metadata"]["namespace"] = json!(WORKLOAD_NAMESPACE);
+            return value;
+        }
+    }
+    panic!("examples/dra/{file} has no {kind}");
+}
+
+async fn create_template(client: &Client, template: Value) -> String {
+    let api: Api<ResourceClaimTemplate> = Api::namespaced(client.clone(), WORKLOAD_NAMESPACE);
+    let template: ResourceClaimTemplate = serde_json::from_value(template).expect("template");
+    let name = template.name_any();
+    let _ = api.delete(&name, &DeleteParams::default()).await;
+    eventually(&format!("template {name} created"), || async {
+        match api.create(&PostParams::default(), &template).await {
+            Ok(_) => Ok(()),
+            Err(e) => Err(e.to_string()),
+        }
+    })
+    .await;
+    name
+}
+
+/// A pod holding a claim from `template`; it prints its environment and device nodes.
+fn claim_pod(name: &str, image: &str, template: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": WORKLOAD_NAMESPACE},
+        "spec": {
+            "terminationGracePeriodSeconds": 0,
+            "resourceClaims": [{"name": "devices", "resourceClaimTemplateName": template}],
+            "containers": [{
+                "name": "probe", "image": image, "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", "env; for d in /dev/infiniband/* /dev/nvidia*; do [ -e $d ] && echo dev=$d; done; echo done; exec sleep 3600"],
+                "resources": {"claims": [{"name": "devices"}]}
+            }]
+        }
+    })
+}
+
+/// The claim a pod's template produced, once allocated.
+async fn pod_claim(client: &Client, pod: &str) -> ResourceClaim {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), WORKLOAD_NAMESPACE);
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), WORKLOAD_NAMESPACE);
+    eventually(&format!("pod {pod}'s claim allocated"), || async {
+        let p = pods.get(pod).await.map_err(|e| e.to_string())?;
+        let name = p
+            .status
+            .as_ref()
+            .and_then(|s| s.resource_claim_statuses.as_ref())
+            .and_then(|s| s.first())
+            .and_then(|s| s.resource_claim_name.clone())
+            .ok_or("no claim yet")?;
+        let claim = claims.get(&name).await.map_err(|e| e.to_string())?;
+        if claim
+            .status
+            .as_ref()
+            .and_then(|s| s.allocation.as_ref())
+            .is_some()
+        {
+            Ok(claim)
+        } else {
+            Err("not allocated".into())
+        }
+    })
+    .await
+}
+
+/// `(request, device)` of our driver in a claim's allocation.
+fn allocated(claim: &ResourceClaim) -> BTreeMap<String, String> {
+    claim
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .and_then(|d| d.results.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|r| r.driver == DRIVER)
+        .map(|r| (r.request.clone(), r.device.clone()))
+        .collect()
+}
+
+/// The container saw exactly the device nodes and environment of `devices` (pool names).
+fn assert_exactly(inv: &Inventory, devices: &BTreeSet<String>, seen: &Granted, logs: &str) {
+    let hcas: Vec<_> = inv
+        .hcas
+        .iter()
+        .filter(|h| devices.contains(&hca_device_name(h)))
+        .collect();
+    let gpus: Vec<_> = inv
+        .gpus
+        .iter()
+        .filter(|g| devices.contains(&gpu_device_name(g)))
+        .collect();
+    assert_eq!(
+        hcas.len() + gpus.len(),
+        devices.len(),
+        "{devices:?} are fixture devices"
+    );
+    let mut want: BTreeSet<String> = hcas
+        .iter()
+        .map(|h| format!("/dev/infiniband/{}", h.uverbs.as_deref().expect("uverbs")))
+        .chain(gpus.iter().map(|g| format!("/dev/nvidia{}", g.index)))
+        .collect();
+    if !hcas.is_empty() {
+        want.insert("/dev/infiniband/rdma_cm".into());
+    }
+    if !gpus.is_empty() {
+        want.extend(
+            ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"].map(String::from),
+        );
+    }
+    assert_eq!(
+        seen.devices, want,
+        "exactly the allocated devices' nodes: {logs}"
+    );
+    let mut ports: Vec<String> = hcas
+        .iter()
+        .map(|h| format!("{}:{}", h.name, h.port))
+        .collect();
+    ports.sort();
+    let mut listed: Vec<String> = seen
+        .env
+        .get("NCCL_IB_HCA")
+        .map(|v| {
+            v.trim_start_matches('=')
+                .split(',')
+                .map(String::from)
+                .collect()
+        })
+        .unwrap_or_default();
+    listed.sort();
+    assert_eq!(listed, ports, "NCCL_IB_HCA: {logs}");
+    let mut pci: Vec<String> = hcas
+        .iter()
+        .filter_map(|h| h.pci_address.clone())
+        .chain(gpus.iter().map(|g| g.pci_address.clone()))
+        .collect();
+    pci.sort();
+    let mut env_pci: Vec<String> = seen
+        .env
+        .get("PCIDEVICE_ROCEFABRIC_IO")
+        .map(|v| v.split(',').map(String::from).collect())
+        .unwrap_or_default();
+    env_pci.sort();
+    assert_eq!(env_pci, pci, "PCIDEVICE_ROCEFABRIC_IO: {logs}");
+    let visible = seen
+        .env
+        .get("NVIDIA_VISIBLE_DEVICES")
+        .map(|v| v.split(',').count());
+    assert_eq!(
+        visible.unwrap_or(0),
+        gpus.len(),
+        "NVIDIA_VISIBLE_DEVICES: {logs}"
+    );
+}
+
+fn cdi_spec_path(local: &LocalCluster, claim_uid: &str) -> std::path::PathBuf {
+    local
+        .cdi_dir
+        .join(rocefabric_device_plugin::dra::cdi::spec_file_name(
+            claim_uid,
+        ))
+}
+
+fn checkpoint_claims(local: &LocalCluster) -> BTreeMap<String, checkpoint::ClaimRecord> {
+    checkpoint::load(&local.dra_plugin_dir().join("checkpoint.json"))
+        .expect("the driver's checkpoint")
+        .claims
+}
+
+/// The test fabric, narrowed to no NIC of this node for the duration of `body`: the node's
+/// fabric NICs are veths, on which the agent can never prove lossless QoS, so while they are the
+/// fabric's their HCAs (the rails of GPUs 0 and 1) stay withdrawn and no full rail set exists.
+async fn without_fabric_nics<F: std::future::Future<Output = ()>>(
+    client: &Client,
+    local: &LocalCluster,
+    inv: &Inventory,
+    body: F,
+) {
+    let mut fabric = test_fabric_value(true);
+    fabric["spec"]["nicSelector"] = json!({"netdevs": ["rfe2e-absent"]});
+    apply_value(client, &fabric)
+        .await
+        .expect("narrow the fabric");
+    let fabric_hcas = fabric_hca_names(inv);
+    slice_where(
+        client,
+        &local.node_name,
+        "the fabric's HCAs published",
+        |s| {
+            let names = device_names(s);
+            fabric_hcas
+                .iter()
+                .all(|h| names.contains(h))
+                .then_some(())
+                .ok_or(format!("{names:?}"))
+        },
+    )
+    .await;
+    body.await;
+    apply_value(client, &test_fabric_value(true))
+        .await
+        .expect("restore the fabric");
+}
+
+#[test]
+fn dra_slice_lists_the_fixture_devices_and_withdraws_what_a_claim_must_not_get() {
+    const TEST: &str =
+        "dra_slice_lists_the_fixture_devices_and_withdraws_what_a_claim_must_not_get";
+    let Some((ctx, local)) = local_cluster(TEST) else {
+        return;
+    };
+    let inv = fixture_inventory();
+    ctx.rt.block_on(async {
+        let client = &ctx.client;
+        let node = &local.node_name;
+        let fabric_hcas = fabric_hca_names(&inv);
+        assert_eq!(fabric_hcas.len(), 2);
+        // Every GPU and every HCA but the fabric's two, whose QoS is not proven.
+        let want: BTreeSet<String> = inv
+            .gpus
+            .iter()
+            .filter(|g| g.health == Health::Healthy)
+            .map(gpu_device_name)
+            .chain(
+                inv.hcas
+                    .iter()
+                    .filter(|h| h.health == Health::Healthy)
+                    .map(hca_device_name),
+            )
+            .filter(|d| !fabric_hcas.contains(d))
+            .collect();
+        let slice = slice_where(client, node, "the node's slice lists the fixture", |s| {
+            let names = device_names(s);
+            (names == want).then_some(()).ok_or(format!("{names:?}"))
+        })
+        .await;
+        assert_eq!(slice.spec.driver, DRIVER);
+        assert_eq!(slice.spec.node_name.as_deref(), Some(node.as_str()));
+        assert_eq!(slice.spec.pool.name, *node);
+        assert_eq!(slice.spec.pool.resource_slice_count, 1);
+
+        // The attributes say what sysfs says.
+        for hca in inv
+            .hcas
+            .iter()
+            .filter(|h| want.contains(&hca_device_name(h)))
+        {
+            let d = hca_device_name(hca);
+            assert_eq!(string_attr(&slice, &d, "type").as_deref(), Some("hca"));
+            assert_eq!(
+                string_attr(&slice, &d, "rdmaDevice"),
+                Some(hca.name.clone())
+            );
+            assert_eq!(
+                string_attr(&slice, &d, "pciAddress"),
+                hca.pci_address.clone()
+            );
+            assert_eq!(string_attr(&slice, &d, "netdev"), hca.netdev.clone());
+            assert_eq!(
+                attribute(&slice, &d, "gidIndex").and_then(|a| a.int),
+                hca.roce_v2_gid_index.map(i64::from)
+            );
+            assert_eq!(
+                attribute(&slice, &d, "numaNode").and_then(|a| a.int),
+                hca.numa_node.map(i64::from)
+            );
+            assert!(
+                string_attr(&slice, &d, PCIE_ROOT_ATTRIBUTE).is_some_and(|r| r.starts_with("pci"))
+            );
+        }
+        for (gpu, hca, _) in rocefabric_device_plugin::topology::gpu_hca_pairs(&inv) {
+            let (g, h) = (gpu_device_name(gpu), hca_device_name(hca));
+            if want.contains(&h) {
+                assert_eq!(
+                    string_attr(&slice, &g, PCIE_ROOT_ATTRIBUTE),
+                    string_attr(&slice, &h, PCIE_ROOT_ATTRIBUTE),
+                    "GPU {g} and its rail {h} share a PCIe root"
+                );
+                assert_eq!(
+                    string_attr(&slice, &g, "pcieSwitch"),
+                    string_attr(&slice, &h, "pcieSwitch")
+                );
+            }
+        }
+
+        // A port going down withdraws its HCA (and bumps the pool's generation); up, it returns.
+        let down = inv
+            .hcas
+            .iter()
+            .find(|h| want.contains(&hca_device_name(h)))
+            .expect("a published HCA");
+        let name = hca_device_name(down);
+        let generation = slice.spec.pool.generation;
+        fixtures::set_port_state(&local.sysfs(), &down.name, down.port, false).expect("port down");
+        let withdrawn = slice_where(client, node, "the down HCA withdrawn", |s| {
+            (!device_names(s).contains(&name))
+                .then_some(())
+                .ok_or("still listed".into())
+        })
+        .await;
+        assert!(
+            withdrawn.spec.pool.generation > generation,
+            "generation bumped"
+        );
+        fixtures::set_port_state(&local.sysfs(), &down.name, down.port, true).expect("port up");
+        slice_where(client, node, "the HCA back", |s| {
+            device_names(s)
+                .contains(&name)
+                .then_some(())
+                .ok_or("not back".into())
+        })
+        .await;
+    });
+}
+
+#[test]
+fn dra_rail_set_claim_runs_with_each_gpu_beside_its_hca() {
+    const TEST: &str = "dra_rail_set_claim_runs_with_each_gpu_beside_its_hca";
+    let Some((ctx, local)) = local_cluster(TEST) else {
+        return;
+    };
+    let inv = fixture_inventory();
+    let image = pod_image(Some(&local));
+    ctx.rt.block_on(async {
+        let client = &ctx.client;
+        let pods: Api<Pod> = Api::namespaced(client.clone(), WORKLOAD_NAMESPACE);
+        without_fabric_nics(client, &local, &inv, async {
+            let template =
+                create_template(client, example("rail-set.yaml", "ResourceClaimTemplate")).await;
+            create_pod(&pods, claim_pod("dra-rail-set", &image, &template)).await;
+            running(&pods, "dra-rail-set").await;
+            let claim = pod_claim(client, "dra-rail-set").await;
+            let uid = claim.uid().expect("uid");
+            let picked = allocated(&claim);
+            assert_eq!(picked.len(), 16, "8 GPUs and 8 HCAs: {picked:?}");
+            let slice = slice_where(client, &local.node_name, "slice", |_| Ok(())).await;
+            for i in 0..8 {
+                let (g, h) = (&picked[&format!("gpu-{i}")], &picked[&format!("hca-{i}")]);
+                let root = |d: &str| string_attr(&slice, d, PCIE_ROOT_ATTRIBUTE);
+                assert!(root(g).is_some(), "{g} has a PCIe root");
+                assert_eq!(root(g), root(h), "pair {i}: {g} and {h} share a PCIe root");
+            }
+            let logs = logs_with(&pods, "dra-rail-set", "done").await;
+            let devices: BTreeSet<String> = picked.values().cloned().collect();
+            assert_exactly(&inv, &devices, &Granted::parse(&logs), &logs);
+            assert!(cdi_spec_path(&local, &uid).exists(), "the claim's CDI spec");
+            assert_eq!(
+                checkpoint_claims(&local).get(&uid).map(|r| r.state),
+                Some(checkpoint::ClaimState::Prepared)
+            );
+
+            // Deleting the pod unprepares the claim: spec and record gone.
+            delete_pod(&pods, "dra-rail-set").await;
+            eventually("the claim unprepared", || async {
+                if cdi_spec_path(&local, &uid).exists()
+                    || checkpoint_claims(&local).contains_key(&uid)
+                {
+                    Err("CDI spec or checkpoint record still there".to_string())
+                } else {
+                    Ok(())
+                }
+            })
+            .await;
+        })
+        .await;
+    });
+}
+
+#[test]
+fn dra_a_claim_for_more_pairs_than_the_node_has_stays_pending() {
+    const TEST: &str = "dra_a_claim_for_more_pairs_than_the_node_has_stays_pending";
+    let Some((ctx, local)) = local_cluster(TEST) else {
+        return;
+    };
+    let image = pod_image(Some(&local));
+    ctx.rt.block_on(async {
+        let client = &ctx.client;
+        let pods: Api<Pod> = Api::namespaced(client.clone(), WORKLOAD_NAMESPACE);
+        let template = create_template(client, pairs_template("nine-pairs", 9)).await;
+        create_pod(&pods, claim_pod("dra-nine-pairs", &image, &template)).await;
+        let message = eventually("the scheduler says why the pod waits", || async {
+            let p = pods
+                .get("dra-nine-pairs")
+                .await
+                .map_err(|e| e.to_string())?;
+            let condition = p
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .and_then(|c| c.iter().find(|c| c.type_ == "PodScheduled"))
+                .cloned()
+                .ok_or("no PodScheduled condition")?;
+            if condition.status == "False" && condition.reason.as_deref() == Some("Unschedulable") {
+                Ok(condition.message.unwrap_or_default())
+            } else {
+                Err(format!("{condition:?}"))
+            }
+        })
+        .await;
+        assert!(
+            message.contains("claim"),
+            "the reason names the claim: {message}"
+        );
+        let p = pods.get("dra-nine-pairs").await.expect("pod");
+        assert_eq!(p.status.and_then(|s| s.phase).as_deref(), Some("Pending"));
+        delete_pod(&pods, "dra-nine-pairs").await;
+    });
+}
+
+#[test]
+fn dra_a_daemon_killed_mid_prepare_recovers() {
+    const TEST: &str = "dra_a_daemon_killed_mid_prepare_recovers";
+    let Some((ctx, local)) = local_cluster(TEST) else {
+        return;
+    };
+    let inv = fixture_inventory();
+    let image = pod_image(Some(&local));
+    // Each prepare pauses between its checkpoint record and its CDI spec.
+    install_chart(
+        Some(&local),
+        &json!({"node": {"devicePlugin": {"extraArgs": ["--dra-pause-after-checkpoint=15s"]}}}),
+    )
+    .expect("install with the pause");
+    ctx.rt.block_on(async {
+        let client = &ctx.client;
+        release_ready(client).await;
+        let pods: Api<Pod> = Api::namespaced(client.clone(), WORKLOAD_NAMESPACE);
+        let template = create_template(
+            client,
+            example("gpu-hca-pairs.yaml", "ResourceClaimTemplate"),
+        )
+        .await;
+        // A pair off the fabric's NICs is always available.
+        create_pod(&pods, claim_pod("dra-restart", &image, &template)).await;
+        let claim = pod_claim(client, "dra-restart").await;
+        let uid = claim.uid().expect("uid");
+        eventually("the prepare recorded, not finished", || async {
+            match checkpoint_claims(&local).get(&uid).map(|r| r.state) {
+                Some(checkpoint::ClaimState::Preparing) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await;
+        assert!(!cdi_spec_path(&local, &uid).exists());
+        // Kill the daemon there (no grace: as a crash or an OOM kill would).
+        let daemons: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+        for p in daemons
+            .list(&kube::api::ListParams::default().labels(&node_daemon_selector()))
+            .await
+            .expect("daemon pods")
+        {
+            let _ = daemons
+                .delete(&p.name_any(), &DeleteParams::default().grace_period(0))
+                .await;
+        }
+        // The new daemon finds the record and the kubelet's retry completes the prepare.
+        running(&pods, "dra-restart").await;
+        let records = checkpoint_claims(&local);
+        assert_eq!(
+            records.get(&uid).map(|r| r.state),
+            Some(checkpoint::ClaimState::Prepared)
+        );
+        assert_eq!(
+            records.len(),
+            1,
+            "one record, no double prepare: {records:?}"
+        );
+        let logs = logs_with(&pods, "dra-restart", "done").await;
+        let devices: BTreeSet<String> = allocated(&claim).values().cloned().collect();
+        assert_exactly(&inv, &devices, &Granted::parse(&logs), &logs);
+        delete_pod(&pods, "dra-restart").await;
+        eventually("unprepared", || async {
+            (!checkpoint_claims(&local).contains_key(&uid))
+                .then_some(())
+                .ok_or("record still there".to_string())
+        })
+        .await;
+    });
+    install_chart(Some(&local), &Value::Null).expect("install without the pause");
+    ctx.rt.block_on(release_ready(&ctx.client));
+}
+
+#[test]
+fn dra_and_the_device_plugin_never_hand_one_hca_to_two_pods() {
+    const TEST: &str = "dra_and_the_device_plugin_never_hand_one_hca_to_two_pods";
+    let Some((ctx, local)) = local_cluster(TEST) else {
+        return;
+    };
+    let inv = fixture_inventory();
+    let image = pod_image(Some(&local));
+    ctx.rt.block_on(async {
+        let client = &ctx.client;
+        let pods: Api<Pod> = Api::namespaced(client.clone(), WORKLOAD_NAMESPACE);
+        let fabric_hcas = fabric_hca_names(&inv);
+        let free: Vec<_> = inv
+            .hcas
+            .iter()
+            .filter(|h| h.health == Health::Healthy && !fabric_hcas.contains(&hca_device_name(h)))
+            .collect();
+        let (claimed, other) = (free[0], free[1]);
+        // DRA takes one HCA by name.
+        let one_hca = |name: &str, rdma: &str| {
+            json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                "metadata": {"name": name, "namespace": WORKLOAD_NAMESPACE},
+                "spec": {"spec": {"devices": {"requests": [{"name": "hca", "exactly": {
+                    "deviceClassName": "hca.rocefabric.io", "count": 1,
+                    "selectors": [{"cel": {"expression":
+                        format!("device.attributes[\"{DRIVER}\"].rdmaDevice == \"{rdma}\"")}}]
+                }}]}}}
+            })
+        };
+        let template = create_template(client, one_hca("one-hca", &claimed.name)).await;
+        create_pod(&pods, claim_pod("dra-one-hca", &image, &template)).await;
+        running(&pods, "dra-one-hca").await;
+
+        // The device plugin now lists it Unhealthy: a pod asking for every other healthy HCA
+        // gets them, and none of them is the claimed one.
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+        let node = local.node_name.clone();
+        let want_allocatable = (free.len() - 1) as i64;
+        eventually("rdma/hca allocatable without the claimed HCA", || async {
+            let n = nodes.get(&node).await.map_err(|e| e.to_string())?;
+            let got = n
+                .status
+                .and_then(|s| s.allocatable)
+                .and_then(|a| a.get("rdma/hca").map(|q| q.0.clone()))
+                .unwrap_or_default();
+            (got == want_allocatable.to_string())
+                .then_some(())
+                .ok_or(got)
+        })
+        .await;
+        let dp_pod = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "dp-all-hcas", "namespace": WORKLOAD_NAMESPACE},
+            "spec": {
+                "terminationGracePeriodSeconds": 0,
+                "containers": [{
+                    "name": "probe", "image": &image, "imagePullPolicy": "IfNotPresent",
+                    "command": ["sh", "-c", "env; echo done; exec sleep 3600"],
+                    "resources": {"limits": {"rdma/hca": want_allocatable.to_string()}}
+                }]
+            }
+        });
+        create_pod(&pods, dp_pod).await;
+        running(&pods, "dp-all-hcas").await;
+        let logs = logs_with(&pods, "dp-all-hcas", "done").await;
+        let granted: BTreeSet<String> = Granted::parse(&logs)
+            .env
+            .get("PCIDEVICE_RDMA_HCA")
+            .map(|v| v.split(',').map(String::from).collect())
+            .unwrap_or_default();
+        assert_eq!(granted.len(), free.len() - 1, "{logs}");
+        assert!(
+            !granted.contains(claimed.pci_address.as_deref().expect("pci")),
+            "{logs}"
+        );
+
+        // The other way round: an HCA the device plugin holds is withdrawn from the slice, so a
+        // claim naming it waits.
+        slice_where(client, &node, "the granted HCAs withdrawn", |s| {
+            let names = device_names(s);
+            (!names.contains(&hca_device_name(other)))
+                .then_some(())
+                .ok_or(format!("{names:?}"))
+        })
+        .await;
+        let template = create_template(client, one_hca("taken-hca", &other.name)).await;
+        create_pod(&pods, claim_pod("dra-taken-hca", &image, &template)).await;
+        tokio::time::sleep(std::time::Duration::from_secs(10)).await;
+        let p = pods.get("dra-taken-hca").await.expect("pod");
+        assert_eq!(p.status.and_then(|s| s.phase).as_deref(), Some("Pending"));
+
+        // Once the device plugin's pod is gone, the claim gets the HCA.
+        delete_pod(&pods, "dp-all-hcas").await;
+        running(&pods, "dra-taken-hca").await;
+        for name in ["dra-taken-hca", "dra-one-hca"] {
+            delete_pod(&pods, name).await;
+        }
+    });
+}
