@@ -107,6 +107,7 @@ mod tests {
             state: PortState::Active,
             uverbs: Some("uverbs0".into()),
             roce_v2_gid_index: Some(3),
+            rate_mbps: None,
             health: Health::Healthy,
             device_path: String::new(),
         }

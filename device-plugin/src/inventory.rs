@@ -390,9 +390,26 @@ fn read_hca(root: &Path, name: &str, selector: &NicSelector) -> Result<Option<Hc
         state,
         uverbs,
         roce_v2_gid_index,
+        rate_mbps: std::fs::read_to_string(port_dir.join("rate"))
+            .ok()
+            .and_then(|r| parse_rate_mbps(&r)),
         health,
         device_path: hw.device_path,
     }))
+}
+
+/// `400 Gb/sec (4X NDR)` -> 400000, `2.5 Gb/sec (1X SDR)` -> 2500; `None` for anything else.
+pub fn parse_rate_mbps(text: &str) -> Option<u64> {
+    let mut words = text.split_whitespace();
+    let value: f64 = words.next()?.parse().ok()?;
+    let per_mbit = match words.next()? {
+        "Gb/sec" => 1000.0,
+        "Mb/sec" => 1.0,
+        _ => return None,
+    };
+    let mbps = value * per_mbit;
+    // Rates are small positive numbers; anything else is not a rate.
+    (mbps.is_finite() && mbps > 0.0 && mbps < 1e9).then(|| mbps.round() as u64)
 }
 
 /// What an RDMA device sits on: a PCI function, or nothing (a virtual device).
@@ -648,6 +665,23 @@ pub fn parse_nvidia_information(text: &str) -> NvidiaInformation {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn port_rates_parse_to_mbps() {
+        assert_eq!(parse_rate_mbps("400 Gb/sec (4X NDR)\n"), Some(400_000));
+        assert_eq!(parse_rate_mbps("2.5 Gb/sec (1X SDR)"), Some(2_500));
+        assert_eq!(parse_rate_mbps("100 Mb/sec"), Some(100));
+        for bad in [
+            "",
+            "fast",
+            "400 Tb/sec",
+            "-1 Gb/sec",
+            "NaN Gb/sec",
+            "1e300 Gb/sec",
+        ] {
+            assert_eq!(parse_rate_mbps(bad), None, "{bad:?}");
+        }
+    }
 
     #[test]
     fn nvidia_information_parsing() {

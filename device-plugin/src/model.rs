@@ -74,6 +74,10 @@ pub struct Hca {
     pub uverbs: Option<String>,
     /// Index of the RoCE v2 IPv4-mapped GID on this port's netdev, when there is one.
     pub roce_v2_gid_index: Option<u32>,
+    /// The port's link rate in Mb/s (`ports/<n>/rate`, `400 Gb/sec (4X NDR)` -> 400000), when
+    /// readable.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rate_mbps: Option<u64>,
     /// Healthy when the port is ACTIVE and a uverbs device exists.
     pub health: Health,
     /// Realpath of the device under the sysfs root, relative to it: its PCI function

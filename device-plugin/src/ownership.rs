@@ -223,6 +223,7 @@ mod tests {
             state: PortState::Active,
             uverbs: Some(format!("uverbs{}", name.trim_start_matches("mlx5_"))),
             roce_v2_gid_index: Some(3),
+            rate_mbps: None,
             health: Health::Healthy,
             device_path: path.into(),
         }

@@ -15,6 +15,9 @@
 //! - `fabric` (the node's RoceFabric) and `qosReady` (the fabric's QoS proven on this HCA's
 //!   netdev), when the node has a RoceNode.
 //!
+//! Capacity: HCAs carry `bandwidth`, the port's link rate in bits/s (`400G`), for selectors such
+//! as `device.capacity["rocefabric.io"].bandwidth.compareTo(quantity("200G")) >= 0`.
+//!
 //! Withdrawn (left out of the slice, so no claim whatever its selectors can be allocated them):
 //! an HCA whose port is not ACTIVE or that has no uverbs device, an HCA of the fabric whose QoS is
 //! not proven while the QoS gate holds, a GPU without its driver or device node, and in `both`
@@ -67,6 +70,8 @@ pub struct DraDevice {
     pub physical: String,
     /// Attribute name (unqualified: the driver's domain) to value.
     pub attributes: BTreeMap<String, Attr>,
+    /// Capacity name to quantity (`bandwidth`: the port's link rate in bits/s, `400G`).
+    pub capacity: BTreeMap<String, String>,
 }
 
 /// Why a device is not in the slice.
@@ -203,11 +208,22 @@ fn hca_device(hca: &Hca, view: &FabricView) -> DraDevice {
             );
         }
     }
+    let mut capacity = BTreeMap::new();
+    if let Some(mbps) = hca.rate_mbps {
+        // A quantity in bits/s: `400G`, `2500M`.
+        let quantity = if mbps % 1000 == 0 {
+            format!("{}G", mbps / 1000)
+        } else {
+            format!("{mbps}M")
+        };
+        capacity.insert("bandwidth".to_string(), quantity);
+    }
     DraDevice {
         name: hca_device_name(hca),
         kind: DeviceKind::Hca,
         physical: hca.id.clone(),
         attributes: a,
+        capacity,
     }
 }
 
@@ -231,6 +247,7 @@ fn gpu_device(gpu: &Gpu) -> DraDevice {
         kind: DeviceKind::Gpu,
         physical: gpu.pci_address.clone(),
         attributes: a,
+        capacity: BTreeMap::new(),
     }
 }
 
@@ -316,6 +333,18 @@ mod tests {
             assert!(!name.starts_with('-') && !name.ends_with('-'), "{name}");
         }
         assert_eq!(label("hca", "mlx5_10"), "hca-mlx5-10");
+        let hca = listing.find("hca-mlx5-0").unwrap();
+        let rate = inv
+            .hcas
+            .iter()
+            .find(|h| h.name == "mlx5_0")
+            .unwrap()
+            .rate_mbps;
+        assert_eq!(rate, Some(400_000), "the fixture's NDR port");
+        assert_eq!(
+            hca.capacity.get("bandwidth").map(String::as_str),
+            Some("400G")
+        );
         assert_eq!(label("hca", "RXE_0_"), "hca-rxe-0");
     }
 

@@ -4,8 +4,9 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::resource::v1::{
-    Device, DeviceAttribute, ResourcePool, ResourceSlice, ResourceSliceSpec,
+    Device, DeviceAttribute, DeviceCapacity, ResourcePool, ResourceSlice, ResourceSliceSpec,
 };
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::ObjectMeta;
 
 use super::DRIVER_NAME;
@@ -54,6 +55,18 @@ pub fn spec(node: &str, generation: i64, devices: &[DraDevice]) -> ResourceSlice
                     .map(|(k, v)| (k.clone(), attribute(v)))
                     .collect(),
             ),
+            capacity: (!d.capacity.is_empty()).then(|| {
+                d.capacity
+                    .iter()
+                    .map(|(k, v)| {
+                        let value = DeviceCapacity {
+                            value: Quantity(v.clone()),
+                            request_policy: None,
+                        };
+                        (k.clone(), value)
+                    })
+                    .collect()
+            }),
             ..Default::default()
         })
         .collect();
@@ -108,6 +121,7 @@ mod tests {
                 ("numaNode".to_string(), Attr::Int(numa)),
                 ("qosReady".to_string(), Attr::Bool(true)),
             ]),
+            capacity: BTreeMap::from([("bandwidth".to_string(), "400G".to_string())]),
         }
     }
 

@@ -390,6 +390,20 @@ fn dra_slice_lists_the_fixture_devices_and_withdraws_what_a_claim_must_not_get()
             assert!(
                 string_attr(&slice, &d, PCIE_ROOT_ATTRIBUTE).is_some_and(|r| r.starts_with("pci"))
             );
+            let bandwidth = slice
+                .spec
+                .devices
+                .iter()
+                .flatten()
+                .find(|x| x.name == d)
+                .and_then(|x| x.capacity.as_ref()?.get("bandwidth"))
+                .map(|c| c.value.0.clone());
+            let rate = hca.rate_mbps.expect("fixture ports have a rate");
+            assert_eq!(
+                bandwidth,
+                Some(format!("{}G", rate / 1000)),
+                "{d} bandwidth"
+            );
         }
         for (gpu, hca, _) in rocefabric_device_plugin::topology::gpu_hca_pairs(&inv) {
             let (g, h) = (gpu_device_name(gpu), hca_device_name(hca));
