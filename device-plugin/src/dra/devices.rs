@@ -9,7 +9,8 @@
 //!   (`pci0000:15`) as upstream's `deviceattribute` package derives it from sysfs;
 //! - `pcieSwitch`: finer, the upstream port of the switch tree below the root port
 //!   (`0000:16:00.0`), for devices at least one switch deep; a GPU and its rail HCA share it;
-//! - `pciAddress`, `vendorId`, `deviceId` (`0x15b3`), `numaNode`;
+//! - `pciAddress`, `vendorId`, `deviceId` (`0x15b3`), `numaNode` (also as the standard
+//!   `resource.kubernetes.io/numaNode`, for `matchAttribute` across drivers);
 //! - HCAs: `rdmaDevice`, `port`, `netdev`, `linkState`, `gidIndex` (RoCE v2 IPv4), `virtual`;
 //! - GPUs: `index`, `uuid`;
 //! - `fabric` (the node's RoceFabric) and `qosReady` (the fabric's QoS proven on this HCA's
@@ -34,6 +35,8 @@ use crate::topology::PciChain;
 
 /// The standard PCIe root attribute (`k8s.io/dynamic-resource-allocation/deviceattribute`).
 pub const PCIE_ROOT_ATTRIBUTE: &str = "resource.kubernetes.io/pcieRoot";
+/// The standard NUMA node attribute (its scalar form).
+pub const NUMA_NODE_ATTRIBUTE: &str = "resource.kubernetes.io/numaNode";
 
 /// One attribute value, as `resource.k8s.io/v1` `DeviceAttribute` holds it.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -170,6 +173,8 @@ fn pcie_attributes(path: &str, attributes: &mut BTreeMap<String, Attr>) {
 fn numa(attributes: &mut BTreeMap<String, Attr>, node: Option<u32>) {
     if let Some(n) = node {
         attributes.insert("numaNode".into(), Attr::Int(i64::from(n)));
+        // The standard name too, so `matchAttribute` aligns with other drivers' devices.
+        attributes.insert(NUMA_NODE_ATTRIBUTE.into(), Attr::Int(i64::from(n)));
     }
 }
 
@@ -362,6 +367,12 @@ mod tests {
                 str_attr(h, PCIE_ROOT_ATTRIBUTE)
             );
             assert_eq!(str_attr(g, "pcieSwitch"), str_attr(h, "pcieSwitch"));
+            assert_eq!(
+                g.attributes.get(NUMA_NODE_ATTRIBUTE),
+                h.attributes.get(NUMA_NODE_ATTRIBUTE),
+                "a GPU and its rail share a NUMA node"
+            );
+            assert!(g.attributes.contains_key(NUMA_NODE_ATTRIBUTE));
             assert!(str_attr(g, PCIE_ROOT_ATTRIBUTE).starts_with("pci"));
         }
     }
