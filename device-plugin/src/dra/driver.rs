@@ -542,6 +542,7 @@ pub async fn run(
 
     let mut publisher = SlicePublisher::new(client, &options.node_name);
     let mut withdrawn = BTreeMap::new();
+    let mut too_many_logged = false;
     let mut ledger_changes = ledger.changes();
     let mut poll = tokio::time::interval(config.poll_interval);
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -593,6 +594,14 @@ pub async fn run(
         let held = ledger.granted(std::time::Instant::now());
         let listing = devices::listing(&inventory, &view, options.publish_gpus, &held);
         withdrawn = log_withdrawn(&withdrawn, &listing);
+        if listing.published.len() > super::slice::MAX_DEVICES_PER_SLICE && !too_many_logged {
+            tracing::warn!(
+                devices = listing.published.len(),
+                max = super::slice::MAX_DEVICES_PER_SLICE,
+                "more devices than one ResourceSlice holds; the rest are not published"
+            );
+            too_many_logged = true;
+        }
         options.metrics.listing(&listing);
         if Instant::now() >= recheck {
             publisher.invalidate();

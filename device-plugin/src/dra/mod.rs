@@ -11,7 +11,8 @@
 //! - [`devices`]: which devices are published, with which attributes, and which are withdrawn and
 //!   why;
 //! - [`slice`]: the `ResourceSlice` object of a device list;
-//! - [`cdi`]: the CDI spec of a prepared claim;
+//! - [`cdi`]: the CDI spec of a prepared claim (and the few lines that write and remove its
+//!   file);
 //! - [`prepare`]: a claim's allocation results resolved against the inventory;
 //! - [`ledger`]: who holds each physical device when both modes run (DRA claims, device plugin
 //!   grants), so no device is handed to two pods.
