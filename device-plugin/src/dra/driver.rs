@@ -172,11 +172,17 @@ impl ClaimSource for kube::Client {
 /// Hold the checkpoint's claims in `ledger` (at start in `both` mode, before the device plugin
 /// serves a single Allocate).
 pub fn restore_ledger(checkpoint_path: &Path, ledger: &Ledger) -> Result<(), CheckpointError> {
-    for (uid, record) in checkpoint::load(checkpoint_path)?.claims {
-        let devices = record.devices.iter().map(|d| d.physical.clone()).collect();
-        ledger.restore_claim(&uid, &record.claim(), devices);
-    }
+    hold_claims(&checkpoint::load(checkpoint_path)?, ledger);
     Ok(())
+}
+
+/// Every claim of `checkpoint` holds its devices in `ledger`.
+fn hold_claims(checkpoint: &Checkpoint, ledger: &Ledger) {
+    for (uid, record) in &checkpoint.claims {
+        let devices = record.devices.iter().map(|d| d.physical.clone()).collect();
+        ledger.restore_claim(uid, &record.claim(), devices);
+        tracing::info!(claim = %record.claim(), %uid, state = ?record.state, "claim from the checkpoint");
+    }
 }
 
 /// What prepares read: the discovered inventory and the traffic class for workloads.
@@ -225,11 +231,7 @@ impl<C: ClaimSource> NodeDriver<C> {
         view: watch::Receiver<Arc<NodeView>>,
     ) -> Result<Self, DraError> {
         let checkpoint = checkpoint::load(&options.checkpoint_path())?;
-        for (uid, record) in &checkpoint.claims {
-            let devices = record.devices.iter().map(|d| d.physical.clone()).collect();
-            ledger.restore_claim(uid, &record.claim(), devices);
-            tracing::info!(claim = %record.claim(), %uid, state = ?record.state, "claim from the checkpoint");
-        }
+        hold_claims(&checkpoint, &ledger);
         std::fs::create_dir_all(&options.plugin_dir).map_err(|source| DraError::Socket {
             path: options.plugin_dir.clone(),
             source,
@@ -583,12 +585,13 @@ pub async fn run(
             }
             () = &mut shutdown => break,
         }
+        // Compared in place: the inventory is cloned only when it changed.
         view_tx.send_if_modified(|current| {
-            let next = node_view(&inventory, &view);
-            if **current == *next {
+            let traffic_class = view.effective_traffic_class(&config);
+            if current.inventory == inventory && current.traffic_class == traffic_class {
                 return false;
             }
-            *current = next;
+            *current = node_view(&inventory, &view);
             true
         });
         let held = ledger.granted(std::time::Instant::now());
