@@ -13,6 +13,7 @@ pub mod fabric;
 pub mod nic_selector;
 pub mod node;
 pub mod quantity;
+pub mod resource_name;
 pub mod structural;
 pub mod validate;
 

@@ -11,10 +11,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use rocefabric_api::NicSelector;
-use rocefabric_device_plugin::allocation::{self, ResourceKind};
-use rocefabric_device_plugin::config::Config;
-use rocefabric_device_plugin::fixtures::FixtureNode;
-use rocefabric_device_plugin::inventory;
+use rocefabric_node_model::allocation::{self, ResourceKind};
+use rocefabric_node_model::config::Config;
+use rocefabric_node_testing::fixtures::FixtureNode;
+use rocefabric_node_model::inventory;
 
 use crate::workspace_root;
 

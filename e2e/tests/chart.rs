@@ -871,7 +871,7 @@ fn container_args_are_accepted_by_the_binaries() {
     );
 }
 
-fn node_config(objects: &[Value]) -> rocefabric_device_plugin::config::Config {
+fn node_config(objects: &[Value]) -> rocefabric_node_model::config::Config {
     let cm = of_kind(objects, "ConfigMap")
         .into_iter()
         .find(|c| c["metadata"]["name"] == format!("{RELEASE}-rocefabric-node-config").as_str())
@@ -879,7 +879,7 @@ fn node_config(objects: &[Value]) -> rocefabric_device_plugin::config::Config {
     let text = cm["data"]["config.yaml"]
         .as_str()
         .expect("config.yaml in the ConfigMap");
-    rocefabric_device_plugin::config::Config::from_yaml(text)
+    rocefabric_node_model::config::Config::from_yaml(text)
         .unwrap_or_else(|e| panic!("the daemon rejects the chart's config: {e}\n{text}"))
 }
 
@@ -891,7 +891,7 @@ fn node_config_from_values_is_accepted_by_the_daemon() {
     let defaults = render(&engine, Value::Null);
     assert_eq!(
         node_config(&defaults),
-        rocefabric_device_plugin::config::Config::default(),
+        rocefabric_node_model::config::Config::default(),
         "the chart's defaults are the daemon's defaults"
     );
 
@@ -916,7 +916,7 @@ fn node_config_from_values_is_accepted_by_the_daemon() {
     assert_eq!(config.gpu_hca.resource_name, "example.com/rail");
     assert_eq!(
         config.qos_gate,
-        rocefabric_device_plugin::config::QosGate::Enabled
+        rocefabric_node_model::config::QosGate::Enabled
     );
 
     // A config change restarts the daemon: the pod template carries the config's checksum.

@@ -9,9 +9,9 @@ use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use rocefabric_device_plugin::fixtures::{self, FixtureNode};
-use rocefabric_device_plugin::kubelet::emulator::KubeletEmulator;
-use rocefabric_device_plugin::kubelet::pb;
+use rocefabric_node_testing::fixtures::{self, FixtureNode};
+use rocefabric_node_testing::kubelet_emulator::KubeletEmulator;
+use rocefabric_kubelet_api::pb;
 use rocefabric_e2e::node::{DaemonProcess, NetNs, daemon_binary};
 use rocefabric_e2e::skip;
 
@@ -165,7 +165,7 @@ impl Node {
 
 /// The emulator's snapshot type, named for readability.
 mod pb_snapshot {
-    pub use rocefabric_device_plugin::kubelet::emulator::Snapshot;
+    pub use rocefabric_node_testing::kubelet_emulator::Snapshot;
 }
 
 fn health_of<'a>(devices: &'a [pb::Device], id: &str) -> Option<&'a str> {

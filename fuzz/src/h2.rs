@@ -1,8 +1,8 @@
 //! The device plugin's `:authority` front: HTTP/2 frames from any client, header blocks decoded
 //! with the client's HPACK table and encoded again. Raw bytes in (what follows the preface).
 
-use rocefabric_device_plugin::kubelet::authority::frame::{self, FRAME_HEADER_LEN, FrameHeader};
-use rocefabric_device_plugin::kubelet::authority::{HeaderRewriter, MAX_FRAME_SIZE};
+use rocefabric_h2_authority::frame::{self, FRAME_HEADER_LEN, FrameHeader};
+use rocefabric_h2_authority::{HeaderRewriter, MAX_FRAME_SIZE};
 
 /// Split `bytes` into frames (the last may be cut short and is dropped).
 fn frames(bytes: &[u8]) -> Vec<(FrameHeader, &[u8])> {

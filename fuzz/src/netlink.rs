@@ -2,16 +2,16 @@
 
 use std::io;
 
-use rocefabric_device_plugin::qos::dcbnl::{
+use rocefabric_qos_agent::dcbnl::{
     self, DCB_CMD_IEEE_DEL, DCB_CMD_IEEE_GET, DCB_CMD_IEEE_SET, DcbOps, Dcbnl,
     decode_ieee_get_reply, decode_set_reply,
 };
-use rocefabric_device_plugin::qos::model::{DcbApp, IeeePfc};
-use rocefabric_device_plugin::qos::netlink::{
+use rocefabric_qos_agent::model::{DcbApp, IeeePfc};
+use rocefabric_qos_agent::netlink::{
     Attr, MessageBuilder, NLA_F_NESTED, NLA_HDRLEN, NLMSG_HDRLEN, Transport, align4, errno_name,
     exchange, parse_attrs, parse_messages,
 };
-use rocefabric_device_plugin::qos::rtnl::{
+use rocefabric_qos_agent::rtnl::{
     IFLA_IFNAME, IFLA_MTU, IFLA_OPERSTATE, LinkOps, RTM_NEWLINK, Rtnl, decode_link, ifinfomsg,
 };
 

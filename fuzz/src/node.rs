@@ -1,7 +1,7 @@
 //! The device plugin's node config (`--config`, the chart's `node.config`).
 
 use rocefabric_api::nic_selector::parse_hex_id;
-use rocefabric_device_plugin::config::{Config, duration_text};
+use rocefabric_node_model::config::{Config, duration_text};
 
 use crate::text;
 

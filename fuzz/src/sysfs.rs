@@ -7,12 +7,12 @@ use std::path::{Path, PathBuf};
 use rocefabric_api::NicSelector;
 use rocefabric_api::Trust;
 use rocefabric_api::nic_selector::normalize_pci_address;
-use rocefabric_device_plugin::fixtures::{FixtureNode, gid_text};
-use rocefabric_device_plugin::inventory::{
+use rocefabric_node_testing::fixtures::{FixtureNode, gid_text};
+use rocefabric_node_model::inventory::{
     discover_with, parse_gid, parse_node_guid, parse_nvidia_information,
 };
-use rocefabric_device_plugin::qos::driver_files::{parse_number, parse_trust};
-use rocefabric_device_plugin::topology::{self, PciChain, distance, is_bdf};
+use rocefabric_qos_agent::driver_files::{parse_number, parse_trust};
+use rocefabric_node_model::topology::{self, PciChain, distance, is_bdf};
 
 use crate::text;
 
@@ -113,7 +113,7 @@ fn pci_distance(a: &str, b: &str) {
         }
         assert_eq!(
             distance(a, None, a, None),
-            rocefabric_device_plugin::model::Distance::PIX
+            rocefabric_node_model::model::Distance::PIX
         );
     }
     for (na, nb) in [(None, None), (Some(0), Some(0)), (Some(0), Some(1))] {

@@ -7,11 +7,13 @@ use std::time::Duration;
 
 use anyhow::Context;
 use rocefabric_api::constants::HCA_RESOURCE;
-use rocefabric_device_plugin::allocation::ResourceKind;
-use rocefabric_device_plugin::config::Config;
-use rocefabric_device_plugin::kubelet::emulator::KubeletEmulator;
+use rocefabric_node_model::allocation::ResourceKind;
+use rocefabric_node_model::config::Config;
+use rocefabric_node_testing::kubelet_emulator::KubeletEmulator;
 use rocefabric_device_plugin::serve::{self, ServeOptions};
-use rocefabric_device_plugin::{cli::discover, fabric_view, fixtures, inventory};
+use rocefabric_device_plugin::{cli::discover, fabric_source};
+use rocefabric_node_model::inventory;
+use rocefabric_node_testing::fixtures;
 use rocefabric_operator::cli::plan::{self as operator_plan, OutputFormat, PlanArgs};
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -39,7 +41,7 @@ async fn main() -> anyhow::Result<()> {
     };
 
     section(
-        "1. discovery: DGX H100 fixture (rocefabric-device-plugin discover --fixture dgx-h100)",
+        "1. discovery: DGX H100 fixture (rocefabric-fixture dgx-h100 DIR; rocefabric-device-plugin discover --sysfs-root DIR)",
     );
     let inv = inventory::discover(sysfs.path(), &config.hca.selector)
         .context("discovery failed on the fixture")?;
@@ -54,9 +56,10 @@ async fn main() -> anyhow::Result<()> {
         dev.path().to_path_buf(),
         plugin_dir.path().to_path_buf(),
     );
-    let (_view_tx, view_rx) = fabric_view::static_view(&config);
+    let (_view_tx, view_rx) = fabric_source::static_view(&config);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let daemon = tokio::spawn(serve::run(options, view_rx, async {
+    let inventory = options.discovery().await?;
+    let daemon = tokio::spawn(serve::run(options, inventory, view_rx, async {
         let _ = stop_rx.await;
     }));
     let resources: Vec<&str> = ResourceKind::enabled_kinds(&config)

@@ -11,11 +11,11 @@ use kube::api::{Api, DeleteParams, ListParams};
 use kube::{Client, ResourceExt};
 use rocefabric_api::NicSelector;
 use rocefabric_api::constants::{DEFAULT_GPU_RESOURCE, GPU_HCA_RESOURCE, HCA_RESOURCE};
-use rocefabric_device_plugin::allocation::{self, ResourceKind};
-use rocefabric_device_plugin::config::Config;
-use rocefabric_device_plugin::fixtures;
-use rocefabric_device_plugin::inventory;
-use rocefabric_device_plugin::model::Inventory;
+use rocefabric_node_model::allocation::{self, ResourceKind};
+use rocefabric_node_model::config::Config;
+use rocefabric_node_testing::fixtures;
+use rocefabric_node_model::inventory;
+use rocefabric_node_model::model::Inventory;
 use rocefabric_e2e::cluster::{FABRIC_NETDEVS, LocalCluster, fixture_node};
 use serde_json::json;
 
@@ -449,7 +449,7 @@ fn pairs_own_their_rails_on_the_real_kubelet() {
         let held = gated_hcas(&inv);
         let hcas = counts_with(&inv, ResourceKind::Hca, &held, &config);
         let rails = counts_with(&inv, ResourceKind::GpuHca, &held, &config);
-        let rail_ids: BTreeSet<String> = rocefabric_device_plugin::topology::gpu_hca_pairs(&inv)
+        let rail_ids: BTreeSet<String> = rocefabric_node_model::topology::gpu_hca_pairs(&inv)
             .iter()
             .map(|(_, h, _)| h.id.clone())
             .collect();

@@ -11,12 +11,12 @@ use k8s_openapi::api::resource::v1::{
 };
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::{Client, ResourceExt};
-use rocefabric_device_plugin::dra::checkpoint;
-use rocefabric_device_plugin::dra::devices::{
+use rocefabric_dra::checkpoint;
+use rocefabric_dra::devices::{
     PCIE_ROOT_ATTRIBUTE, gpu_device_name, hca_device_name,
 };
-use rocefabric_device_plugin::fixtures;
-use rocefabric_device_plugin::model::{Health, Inventory};
+use rocefabric_node_testing::fixtures;
+use rocefabric_node_model::model::{Health, Inventory};
 use rocefabric_e2e::cluster::{FABRIC_NETDEVS, LocalCluster};
 use rocefabric_e2e::workspace_root;
 use serde_json::{Value, json};
@@ -279,7 +279,7 @@ fn assert_exactly(inv: &Inventory, devices: &BTreeSet<String>, seen: &Granted, l
 fn cdi_spec_path(local: &LocalCluster, claim_uid: &str) -> std::path::PathBuf {
     local
         .cdi_dir
-        .join(rocefabric_device_plugin::dra::cdi::spec_file_name(
+        .join(rocefabric_dra::cdi::spec_file_name(
             claim_uid,
         ))
 }
@@ -405,7 +405,7 @@ fn dra_slice_lists_the_fixture_devices_and_withdraws_what_a_claim_must_not_get()
                 "{d} bandwidth"
             );
         }
-        for (gpu, hca, _) in rocefabric_device_plugin::topology::gpu_hca_pairs(&inv) {
+        for (gpu, hca, _) in rocefabric_node_model::topology::gpu_hca_pairs(&inv) {
             let (g, h) = (gpu_device_name(gpu), hca_device_name(hca));
             if want.contains(&h) {
                 assert_eq!(

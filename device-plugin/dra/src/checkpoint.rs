@@ -1,0 +1,177 @@
+//! The prepared claims on disk, so a restart of the daemon neither leaks a claim's devices nor
+//! prepares them twice.
+//!
+//! A prepare records the claim as `preparing` (with its devices) before it writes the CDI spec,
+//! and as `prepared` after; an unprepare removes the spec, then the record. Every write replaces
+//! the file atomically (temporary file, fsync, rename). After a crash:
+//! - a `preparing` record holds its devices in the ledger until the kubelet retries the prepare
+//!   (which completes it; the kubelet retries until it gets an answer) or unprepares it;
+//! - a spec file without a record cannot come from a crash (a spec is written after its record
+//!   and removed before it); one left by a lost checkpoint is removed at start.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// Format version of the file.
+pub const VERSION: u32 = 1;
+
+/// Where a claim's prepare stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ClaimState {
+    /// Devices taken; CDI spec possibly not written yet.
+    Preparing,
+    /// CDI spec written; the answer was (or is being) sent.
+    Prepared,
+}
+
+/// One device of a prepared claim, as the kubelet was (or will be) told.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PreparedDevice {
+    pub request_names: Vec<String>,
+    pub pool: String,
+    pub device: String,
+    /// HCA ID or GPU PCI address (the ledger's key).
+    pub physical: String,
+    pub cdi_device_ids: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimRecord {
+    pub namespace: String,
+    pub name: String,
+    pub state: ClaimState,
+    pub devices: Vec<PreparedDevice>,
+}
+
+impl ClaimRecord {
+    /// `namespace/name`.
+    pub fn claim(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+/// The whole file: claim UID -> record.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Checkpoint {
+    pub version: u32,
+    pub claims: BTreeMap<String, ClaimRecord>,
+}
+
+/// Why the checkpoint cannot be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("cannot read checkpoint {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "checkpoint {path} is not a valid checkpoint ({source}); move it away to start afresh \
+         (claims prepared before are then unknown to the driver)"
+    )]
+    Parse {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    #[error("checkpoint {path} has version {found}, this daemon reads version {VERSION}")]
+    Version { path: PathBuf, found: u32 },
+    #[error("cannot write checkpoint {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// Read the checkpoint; a missing file is an empty checkpoint.
+pub fn load(path: &Path) -> Result<Checkpoint, CheckpointError> {
+    let text = match std::fs::read(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(Checkpoint {
+                version: VERSION,
+                claims: BTreeMap::new(),
+            });
+        }
+        Err(source) => {
+            return Err(CheckpointError::Read {
+                path: path.to_path_buf(),
+                source,
+            });
+        }
+    };
+    let checkpoint: Checkpoint =
+        serde_json::from_slice(&text).map_err(|source| CheckpointError::Parse {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    if checkpoint.version != VERSION {
+        return Err(CheckpointError::Version {
+            path: path.to_path_buf(),
+            found: checkpoint.version,
+        });
+    }
+    Ok(checkpoint)
+}
+
+/// Replace the checkpoint atomically and durably.
+pub fn save(path: &Path, checkpoint: &Checkpoint) -> Result<(), CheckpointError> {
+    let write = || -> std::io::Result<()> {
+        let mut text = serde_json::to_vec_pretty(checkpoint)?;
+        text.push(b'\n');
+        rocefabric_runtime::file::write_atomic(path, &text, 0o600)
+    };
+    write().map_err(|source| CheckpointError::Write {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // tests fail loudly on the unexpected
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_clear_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("checkpoint.json");
+        assert!(
+            load(&path).unwrap().claims.is_empty(),
+            "missing file: empty"
+        );
+        let mut cp = load(&path).unwrap();
+        cp.claims.insert(
+            "uid-1".into(),
+            ClaimRecord {
+                namespace: "ns".into(),
+                name: "c".into(),
+                state: ClaimState::Preparing,
+                devices: vec![PreparedDevice {
+                    request_names: vec!["hca".into()],
+                    pool: "node".into(),
+                    device: "hca-mlx5-0".into(),
+                    physical: "0000:18:00.0".into(),
+                    cdi_device_ids: vec!["rocefabric.io/claim=uid-1-hca-mlx5-0".into()],
+                }],
+            },
+        );
+        save(&path, &cp).unwrap();
+        assert_eq!(load(&path).unwrap(), cp);
+
+        std::fs::write(&path, "{not json").unwrap();
+        let err = load(&path).unwrap_err().to_string();
+        assert!(
+            err.contains("checkpoint.json") && err.contains("not a valid checkpoint"),
+            "{err}"
+        );
+        std::fs::write(&path, r#"{"version": 9, "claims": {}}"#).unwrap();
+        let err = load(&path).unwrap_err().to_string();
+        assert!(err.contains("version 9"), "{err}");
+    }
+}

@@ -1,0 +1,597 @@
+//! DRA mode's loop: the [`NodeDriver`] that prepares and unprepares claims, the two sockets the
+//! kubelet talks to, and the node's `ResourceSlice` kept in step with the inventory, the fabric
+//! view and (in `both` mode) the device plugin's grants.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tokio::sync::{Mutex, watch};
+use tokio::time::Instant;
+
+use super::checkpoint::{self, Checkpoint, CheckpointError, ClaimRecord, ClaimState};
+use super::devices::{self, Listing};
+use super::ledger::Ledger;
+use rocefabric_kubelet_api::pb_dra_v1::{Claim, Device, NodePrepareResourceResponse, NodeUnprepareResourceResponse};
+use rocefabric_kubelet_api::dra::{self as dra_service, Preparer, RegistrationService};
+use rocefabric_kubelet_api::socket::{SocketError, SocketServer};
+use super::prepare::{self, ClaimRef};
+use super::publish::SlicePublisher;
+use super::{CHECKPOINT_FILE_NAME, DRA_SOCKET_NAME, DRIVER_NAME, REGISTRATION_SOCKET_NAME, cdi, pod_resources};
+use rocefabric_node_model::config::Config;
+use rocefabric_node_model::fabric_view::FabricView;
+use rocefabric_node_model::model::Inventory;
+
+/// How often the slice is read back from the API server even when nothing changed here (someone
+/// may have deleted it: the kubelet wipes a driver's slices when the driver goes away).
+const SLICE_RECHECK: Duration = Duration::from_secs(30);
+/// How often the sockets are checked and the pod resources API is asked (`both` mode).
+const HOUSEKEEPING: Duration = Duration::from_secs(5);
+
+type Labels = Vec<(&'static str, String)>;
+
+/// What the DRA driver counts, for `/metrics`.
+#[derive(Debug, Default)]
+pub struct DraMetrics {
+    /// NodePrepareResources per claim, by result (`success`, `failed`).
+    pub prepares: Family<Labels, Counter>,
+    /// NodeUnprepareResources per claim, by result.
+    pub unprepares: Family<Labels, Counter>,
+    /// Devices in the slice (`state="published"`) and left out (`state="withdrawn"`, `reason`).
+    pub devices: Family<Labels, Gauge>,
+    /// ResourceSlice writes (create or replace).
+    pub slice_writes: Counter,
+    /// Claims in the checkpoint.
+    pub prepared_claims: Gauge,
+}
+
+impl DraMetrics {
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "rocefabric_dra_prepares",
+            "NodePrepareResources calls per claim, by result",
+            self.prepares.clone(),
+        );
+        registry.register(
+            "rocefabric_dra_unprepares",
+            "NodeUnprepareResources calls per claim, by result",
+            self.unprepares.clone(),
+        );
+        registry.register(
+            "rocefabric_dra_devices",
+            "Devices in the node's ResourceSlice (published) and withdrawn from it, by reason",
+            self.devices.clone(),
+        );
+        registry.register(
+            "rocefabric_dra_slice_writes",
+            "ResourceSlice creates and replaces",
+            self.slice_writes.clone(),
+        );
+        registry.register(
+            "rocefabric_dra_prepared_claims",
+            "Claims prepared on this node (checkpoint records)",
+            self.prepared_claims.clone(),
+        );
+    }
+
+    fn result(family: &Family<Labels, Counter>, ok: bool) {
+        let result = if ok { "success" } else { "failed" };
+        family
+            .get_or_create(&vec![("result", result.to_string())])
+            .inc();
+    }
+
+    fn listing(&self, listing: &Listing) {
+        self.devices.clear();
+        let published = vec![("state", "published".to_string())];
+        self.devices
+            .get_or_create(&published)
+            .set(i64::try_from(listing.published.len()).unwrap_or(i64::MAX));
+        for (_, why) in &listing.withdrawn {
+            let labels = vec![
+                ("state", "withdrawn".to_string()),
+                ("reason", why.as_str().to_string()),
+            ];
+            self.devices.get_or_create(&labels).inc();
+        }
+    }
+}
+
+/// Where the driver finds things and what it publishes.
+#[derive(Clone, Debug)]
+pub struct DraOptions {
+    /// The driver's directory (`dra.sock`, `checkpoint.json`), as the kubelet sees it too.
+    pub plugin_dir: PathBuf,
+    /// The kubelet's `plugins_registry`.
+    pub registry_dir: PathBuf,
+    /// Where CDI specs are written.
+    pub cdi_dir: PathBuf,
+    /// The kubelet's pod resources socket: given in `both` mode, to learn device plugin grants.
+    pub pod_resources_socket: Option<PathBuf>,
+    /// This node: the pool's name.
+    pub node_name: String,
+    /// Where the runtime finds device nodes (the host path in CDI specs).
+    pub host_dev_root: PathBuf,
+    /// Whether GPUs are published (off where another driver serves them).
+    pub publish_gpus: bool,
+    /// Test hook: sleep this long after the `preparing` record is written, so a test can kill
+    /// the daemon in the middle of a prepare.
+    pub pause_after_checkpoint: Option<Duration>,
+    pub metrics: Arc<DraMetrics>,
+}
+
+impl DraOptions {
+    pub fn dra_socket(&self) -> PathBuf {
+        self.plugin_dir.join(DRA_SOCKET_NAME)
+    }
+
+    pub fn registration_socket(&self) -> PathBuf {
+        self.registry_dir.join(REGISTRATION_SOCKET_NAME)
+    }
+
+    pub fn checkpoint_path(&self) -> PathBuf {
+        self.plugin_dir.join(CHECKPOINT_FILE_NAME)
+    }
+}
+
+/// Where a claim comes from (the API server; a map in tests).
+pub trait ClaimSource: Send + Sync + 'static {
+    fn claim(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<ResourceClaim, String>> + Send;
+}
+
+impl<T: ClaimSource> ClaimSource for Arc<T> {
+    fn claim(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<ResourceClaim, String>> + Send {
+        (**self).claim(namespace, name)
+    }
+}
+
+impl ClaimSource for kube::Client {
+    async fn claim(&self, namespace: &str, name: &str) -> Result<ResourceClaim, String> {
+        kube::Api::<ResourceClaim>::namespaced(self.clone(), namespace)
+            .get(name)
+            .await
+            .map_err(|e| format!("cannot read ResourceClaim {namespace}/{name}: {e}"))
+    }
+}
+
+/// Hold the checkpoint's claims in `ledger` (at start in `both` mode, before the device plugin
+/// serves a single Allocate).
+pub fn restore_ledger(checkpoint_path: &Path, ledger: &Ledger) -> Result<(), CheckpointError> {
+    hold_claims(&checkpoint::load(checkpoint_path)?, ledger);
+    Ok(())
+}
+
+/// Every claim of `checkpoint` holds its devices in `ledger`.
+fn hold_claims(checkpoint: &Checkpoint, ledger: &Ledger) {
+    for (uid, record) in &checkpoint.claims {
+        let devices = record.devices.iter().map(|d| d.physical.clone()).collect();
+        ledger.restore_claim(uid, &record.claim(), devices);
+        tracing::info!(claim = %record.claim(), %uid, state = ?record.state, "claim from the checkpoint");
+    }
+}
+
+/// What prepares read: the discovered inventory and the traffic class for workloads.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeView {
+    pub inventory: Inventory,
+    pub traffic_class: Option<u8>,
+}
+
+/// Why the driver cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum DraError {
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    #[error("cannot serve {path}: {source}")]
+    PluginDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Socket(#[from] SocketError),
+    #[error("cannot clean CDI directory {path}: {source}")]
+    CdiDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// Prepares and unprepares claims: the checkpoint, the CDI specs and the ledger.
+pub struct NodeDriver<C> {
+    claims: C,
+    options: DraOptions,
+    config: Arc<Config>,
+    ledger: Arc<Ledger>,
+    view: watch::Receiver<Arc<NodeView>>,
+    /// The checkpoint as on disk; the lock serializes prepares and unprepares.
+    checkpoint: Mutex<Checkpoint>,
+}
+
+impl<C: ClaimSource> NodeDriver<C> {
+    /// Load the checkpoint, hold its claims' devices in the ledger and remove CDI specs no record
+    /// names.
+    pub fn new(
+        claims: C,
+        options: DraOptions,
+        config: Arc<Config>,
+        ledger: Arc<Ledger>,
+        view: watch::Receiver<Arc<NodeView>>,
+    ) -> Result<Self, DraError> {
+        let checkpoint = checkpoint::load(&options.checkpoint_path())?;
+        hold_claims(&checkpoint, &ledger);
+        std::fs::create_dir_all(&options.plugin_dir).map_err(|source| DraError::PluginDir {
+            path: options.plugin_dir.clone(),
+            source,
+        })?;
+        let cdi_err = |source| DraError::CdiDir {
+            path: options.cdi_dir.clone(),
+            source,
+        };
+        for uid in cdi::spec_claims(&options.cdi_dir).map_err(cdi_err)? {
+            if !checkpoint.claims.contains_key(&uid) {
+                tracing::warn!(%uid, "removing a CDI spec no checkpoint record names");
+                cdi::remove_spec(&options.cdi_dir, &uid).map_err(cdi_err)?;
+            }
+        }
+        Ok(Self {
+            claims,
+            options,
+            config,
+            ledger,
+            view,
+            checkpoint: Mutex::new(checkpoint),
+        })
+    }
+
+    fn save(&self, checkpoint: &Checkpoint) -> Result<(), String> {
+        checkpoint::save(&self.options.checkpoint_path(), checkpoint).map_err(|e| e.to_string())?;
+        self.options
+            .metrics
+            .prepared_claims
+            .set(i64::try_from(checkpoint.claims.len()).unwrap_or(i64::MAX));
+        Ok(())
+    }
+
+    /// Ask the kubelet which device plugin grants live pods hold (`both` mode).
+    async fn refresh_grants(&self) {
+        if let Some(socket) = &self.options.pod_resources_socket {
+            match rocefabric_kubelet_api::pod_resources::list(socket).await {
+                Ok(grants) => self.ledger.set_live(
+                    pod_resources::held_devices(&self.config, &grants),
+                    std::time::Instant::now(),
+                ),
+                Err(error) => {
+                    tracing::warn!(%error, "cannot read device plugin grants; keeping the last ones")
+                }
+            }
+        }
+    }
+
+    async fn prepare_one(&self, claim: &ClaimRef) -> Result<Vec<Device>, String> {
+        let mut checkpoint = self.checkpoint.lock().await;
+        let spec_path = self.options.cdi_dir.join(cdi::spec_file_name(&claim.uid));
+        if let Some(record) = checkpoint.claims.get(&claim.uid)
+            && record.state == ClaimState::Prepared
+            && spec_path.exists()
+        {
+            tracing::debug!(%claim, "already prepared");
+            return Ok(answer(record));
+        }
+        let object = self.claims.claim(&claim.namespace, &claim.name).await?;
+        let pool = &self.options.node_name;
+        let allocated = prepare::allocated(&object, claim, pool).map_err(|e| e.to_string())?;
+        let view = Arc::clone(&self.view.borrow());
+        let plan = prepare::plan(
+            claim,
+            &allocated,
+            pool,
+            &view.inventory,
+            view.traffic_class,
+            &self.options.host_dev_root,
+        )
+        .map_err(|e| e.to_string())?;
+        let physical: BTreeSet<String> = plan.devices.iter().map(|d| d.physical.clone()).collect();
+        self.refresh_grants().await;
+        self.ledger
+            .take_for_claim(
+                &claim.uid,
+                &claim.to_string(),
+                &physical,
+                std::time::Instant::now(),
+            )
+            .map_err(|e| format!("claim {claim}: {e}"))?;
+        let mut record = ClaimRecord {
+            namespace: claim.namespace.clone(),
+            name: claim.name.clone(),
+            state: ClaimState::Preparing,
+            devices: plan.devices,
+        };
+        checkpoint.claims.insert(claim.uid.clone(), record.clone());
+        if let Err(error) = self.save(&checkpoint) {
+            checkpoint.claims.remove(&claim.uid);
+            self.ledger.release_claim(&claim.uid);
+            return Err(error);
+        }
+        if let Some(pause) = self.options.pause_after_checkpoint {
+            tracing::warn!(%claim, ?pause, "test hook: pausing mid-prepare");
+            tokio::time::sleep(pause).await;
+        }
+        cdi::write_spec(&self.options.cdi_dir, &claim.uid, &plan.spec)
+            .map_err(|e| format!("cannot write CDI spec {}: {e}", spec_path.display()))?;
+        record.state = ClaimState::Prepared;
+        checkpoint.claims.insert(claim.uid.clone(), record.clone());
+        self.save(&checkpoint)?;
+        tracing::info!(%claim, uid = %claim.uid,
+            devices = ?record.devices.iter().map(|d| d.device.as_str()).collect::<Vec<_>>(), "prepared");
+        Ok(answer(&record))
+    }
+
+    async fn unprepare_one(&self, claim: &ClaimRef) -> Result<(), String> {
+        let mut checkpoint = self.checkpoint.lock().await;
+        cdi::remove_spec(&self.options.cdi_dir, &claim.uid)
+            .map_err(|e| format!("cannot remove the CDI spec of claim {claim}: {e}"))?;
+        if checkpoint.claims.remove(&claim.uid).is_some() {
+            self.save(&checkpoint)?;
+            tracing::info!(%claim, uid = %claim.uid, "unprepared");
+        }
+        self.ledger.release_claim(&claim.uid);
+        Ok(())
+    }
+}
+
+/// The kubelet's answer for a record.
+fn answer(record: &ClaimRecord) -> Vec<Device> {
+    record
+        .devices
+        .iter()
+        .map(|d| Device {
+            request_names: d.request_names.clone(),
+            pool_name: d.pool.clone(),
+            device_name: d.device.clone(),
+            cdi_device_ids: d.cdi_device_ids.clone(),
+        })
+        .collect()
+}
+
+fn claim_ref(claim: Claim) -> ClaimRef {
+    ClaimRef {
+        namespace: claim.namespace,
+        name: claim.name,
+        uid: claim.uid,
+    }
+}
+
+impl<C: ClaimSource> Preparer for NodeDriver<C> {
+    async fn prepare(&self, claims: Vec<Claim>) -> BTreeMap<String, NodePrepareResourceResponse> {
+        let mut out = BTreeMap::new();
+        for claim in claims.into_iter().map(claim_ref) {
+            let span = tracing::info_span!("prepare", claim = %claim, uid = %claim.uid);
+            let _enter = span.enter();
+            let result = self.prepare_one(&claim).await;
+            DraMetrics::result(&self.options.metrics.prepares, result.is_ok());
+            let response = match result {
+                Ok(devices) => NodePrepareResourceResponse {
+                    devices,
+                    error: String::new(),
+                },
+                Err(error) => {
+                    tracing::warn!(%error, "prepare failed");
+                    NodePrepareResourceResponse {
+                        devices: Vec::new(),
+                        error,
+                    }
+                }
+            };
+            out.insert(claim.uid, response);
+        }
+        out
+    }
+
+    async fn unprepare(
+        &self,
+        claims: Vec<Claim>,
+    ) -> BTreeMap<String, NodeUnprepareResourceResponse> {
+        let mut out = BTreeMap::new();
+        for claim in claims.into_iter().map(claim_ref) {
+            let result = self.unprepare_one(&claim).await;
+            DraMetrics::result(&self.options.metrics.unprepares, result.is_ok());
+            let error = result.err().unwrap_or_default();
+            if !error.is_empty() {
+                tracing::warn!(%claim, %error, "unprepare failed");
+            }
+            out.insert(claim.uid, NodeUnprepareResourceResponse { error });
+        }
+        out
+    }
+}
+
+fn serve_dra<C: ClaimSource>(
+    driver: &Arc<NodeDriver<C>>,
+    socket: &Path,
+) -> Result<SocketServer, DraError> {
+    Ok(dra_service::serve_dra(socket, Arc::clone(driver))?)
+}
+
+fn serve_registration(
+    socket: &Path,
+    endpoint: &Path,
+    registered: &watch::Sender<Option<Result<(), String>>>,
+) -> Result<SocketServer, DraError> {
+    let service = RegistrationService::new(DRIVER_NAME, endpoint, registered.clone());
+    Ok(dra_service::serve_registration(socket, service)?)
+}
+
+/// Log what changed in the withdrawn set.
+fn log_withdrawn(before: &BTreeMap<String, String>, listing: &Listing) -> BTreeMap<String, String> {
+    let now: BTreeMap<String, String> = listing
+        .withdrawn
+        .iter()
+        .map(|(d, why)| (d.name.clone(), why.as_str().to_string()))
+        .collect();
+    for (device, why) in &now {
+        if before.get(device) != Some(why) {
+            tracing::info!(%device, reason = %why, "device withdrawn from the ResourceSlice");
+        }
+    }
+    for device in before.keys().filter(|d| !now.contains_key(*d)) {
+        tracing::info!(%device, "device back in the ResourceSlice");
+    }
+    now
+}
+
+/// What DRA mode follows: the daemon's config, the API server, the inventory from the daemon's
+/// one discovery loop, the fabric view (as for the device plugin) and the ledger shared with it.
+pub struct DraInputs {
+    pub config: Arc<Config>,
+    pub client: kube::Client,
+    pub inventory: watch::Receiver<Inventory>,
+    pub fabric_view: watch::Receiver<FabricView>,
+    pub ledger: Arc<Ledger>,
+}
+
+/// Run DRA mode until `shutdown`: the slice follows every inventory, view and ledger change; the
+/// sockets are served again when lost.
+pub async fn run(
+    options: DraOptions,
+    inputs: DraInputs,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), DraError> {
+    let DraInputs {
+        config,
+        client,
+        inventory: mut inventory_rx,
+        mut fabric_view,
+        ledger,
+    } = inputs;
+    let mut inventory = inventory_rx.borrow_and_update().clone();
+    let mut inventory_open = true;
+    let mut view = fabric_view.borrow_and_update().clone();
+    let node_view = |inventory: &Inventory, view: &FabricView| {
+        Arc::new(NodeView {
+            inventory: inventory.clone(),
+            traffic_class: view.effective_traffic_class(&config),
+        })
+    };
+    let (view_tx, view_rx) = watch::channel(node_view(&inventory, &view));
+    let driver = Arc::new(NodeDriver::new(
+        client.clone(),
+        options.clone(),
+        Arc::clone(&config),
+        Arc::clone(&ledger),
+        view_rx,
+    )?);
+    driver.refresh_grants().await;
+
+    let (registered_tx, mut registered_rx) = watch::channel(None);
+    let dra_socket = options.dra_socket();
+    let reg_socket = options.registration_socket();
+    // The DRA service first: the kubelet dials it as soon as it sees the registration socket.
+    let mut dra = Some(serve_dra(&driver, &dra_socket)?);
+    let mut reg = Some(serve_registration(
+        &reg_socket,
+        &dra_socket,
+        &registered_tx,
+    )?);
+    tracing::info!(node = %options.node_name, dra_socket = %dra_socket.display(),
+        registration_socket = %reg_socket.display(), cdi_dir = %options.cdi_dir.display(),
+        both = options.pod_resources_socket.is_some(), "DRA driver serving");
+
+    let mut publisher = SlicePublisher::new(client, &options.node_name);
+    let mut withdrawn = BTreeMap::new();
+    let mut too_many_logged = false;
+    let mut ledger_changes = ledger.changes();
+    let mut housekeeping = tokio::time::interval(HOUSEKEEPING);
+    housekeeping.reset();
+    let mut recheck = Instant::now() + SLICE_RECHECK;
+    let mut view_open = true;
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            changed = inventory_rx.changed(), if inventory_open => match changed {
+                Ok(()) => inventory = inventory_rx.borrow_and_update().clone(),
+                Err(_) => inventory_open = false,
+            },
+            changed = fabric_view.changed(), if view_open => match changed {
+                Ok(()) => view = fabric_view.borrow_and_update().clone(),
+                Err(_) => view_open = false,
+            },
+            _ = ledger_changes.changed() => {}
+            _ = registered_rx.changed() => {
+                // A (re)registration: the kubelet may have restarted and wiped our slice.
+                publisher.invalidate();
+            }
+            _ = housekeeping.tick() => {
+                driver.refresh_grants().await;
+                if !dra.as_ref().is_some_and(SocketServer::intact) {
+                    tracing::warn!(socket = %dra_socket.display(), "DRA socket lost; serving it again");
+                    if let Some(old) = dra.take() { old.stop().await; }
+                    dra = Some(serve_dra(&driver, &dra_socket)?);
+                }
+                if !reg.as_ref().is_some_and(SocketServer::intact) {
+                    tracing::warn!(socket = %reg_socket.display(), "registration socket lost; serving it again");
+                    if let Some(old) = reg.take() { old.stop().await; }
+                    reg = Some(serve_registration(&reg_socket, &dra_socket, &registered_tx)?);
+                }
+            }
+            () = &mut shutdown => break,
+        }
+        // Compared in place: the inventory is cloned only when it changed.
+        view_tx.send_if_modified(|current| {
+            let traffic_class = view.effective_traffic_class(&config);
+            if current.inventory == inventory && current.traffic_class == traffic_class {
+                return false;
+            }
+            *current = node_view(&inventory, &view);
+            true
+        });
+        let held = ledger.granted(std::time::Instant::now());
+        let listing = devices::listing(&inventory, &view, options.publish_gpus, &held);
+        withdrawn = log_withdrawn(&withdrawn, &listing);
+        if listing.published.len() > super::slice::MAX_DEVICES_PER_SLICE && !too_many_logged {
+            tracing::warn!(
+                devices = listing.published.len(),
+                max = super::slice::MAX_DEVICES_PER_SLICE,
+                "more devices than one ResourceSlice holds; the rest are not published"
+            );
+            too_many_logged = true;
+        }
+        options.metrics.listing(&listing);
+        if Instant::now() >= recheck {
+            publisher.invalidate();
+            recheck = Instant::now() + SLICE_RECHECK;
+        }
+        match publisher.publish(&listing.published).await {
+            Ok(Some(generation)) => tracing::info!(
+                generation,
+                devices = listing.published.len(),
+                withdrawn = listing.withdrawn.len(),
+                "ResourceSlice written"
+            ),
+            Ok(None) => {}
+            Err(error) => {
+                tracing::warn!(%error, "cannot write the ResourceSlice; retrying");
+                publisher.invalidate();
+            }
+        }
+    }
+    tracing::info!("DRA driver shutting down");
+    for served in [dra.take(), reg.take()].into_iter().flatten() {
+        served.stop().await;
+    }
+    Ok(())
+}

@@ -1,0 +1,741 @@
+//! The agent's kube side against a mock API server (tower-test behind `kube::Client`): the exact
+//! status patch, drift Events and metrics, and the watch/resync loop under paused time.
+#![allow(clippy::unwrap_used)] // tests fail loudly on the unexpected
+
+use std::collections::BTreeSet;
+use std::sync::Mutex;
+
+use http::{Method, Request, Response, StatusCode};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::client::Body;
+use rocefabric_api::{NicSelector, QosSpec, RoceNodeSpec};
+use serde_json::{Value, json};
+
+use super::*;
+use crate::apply::tests::{FakeDcb, FakeLink};
+use crate::apply::{Kernel, apply as apply_qos};
+use crate::fixture_tests::{Flavour, Tree, tree};
+
+type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+type Responder = tower_test::mock::SendResponse<Response<Body>>;
+
+/// A node whose DCB and MTU live in memory; driver files come from the fixture tree.
+struct FakeNode {
+    dcb: Mutex<FakeDcb>,
+    link: Mutex<FakeLink>,
+}
+
+impl NodeKernel for FakeNode {
+    fn apply(&self, files: &NetdevFiles, desired: &Desired) -> Result<Outcome, String> {
+        let mut dcb = self.dcb.lock().map_err(|e| e.to_string())?;
+        let mut link = self.link.lock().map_err(|e| e.to_string())?;
+        Ok(apply_qos(
+            &mut Kernel {
+                dcb: &mut *dcb,
+                link: &mut *link,
+            },
+            files,
+            desired,
+        ))
+    }
+}
+
+fn t(secs: i64) -> Time {
+    Time(Timestamp::from_second(secs).expect("valid time"))
+}
+
+fn roce_node(generation: i64) -> RoceNode {
+    let mut node = RoceNode::new(
+        "node-a",
+        RoceNodeSpec {
+            fabric: "fabric-a".into(),
+            fabric_generation: 4,
+            qos: QosSpec::default().rendered(),
+            nic_selector: NicSelector {
+                rdma_devices: vec!["mlx5_0".into()],
+                ..Default::default()
+            },
+            pending: false,
+        },
+    );
+    node.metadata.generation = Some(generation);
+    node.metadata.uid = Some("0b6e8a8e-1c1d-4c55-9d0b-3f5d0e1a2b3c".into());
+    node.metadata.resource_version = Some("10".into());
+    node
+}
+
+struct Setup {
+    ctx: Arc<Context>,
+    handle: Handle,
+    kernel: Arc<FakeNode>,
+    tree: Tree,
+}
+
+fn setup() -> Setup {
+    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = Client::new(service, "default");
+    let tree = tree(Flavour::OutOfTree, true);
+    let kernel = Arc::new(FakeNode {
+        dcb: Mutex::new(FakeDcb::mlx5()),
+        link: Mutex::new(FakeLink::with_mtu(1500)),
+    });
+    let ctx = Context::new(client, "node-a".into(), tree.roots.clone(), kernel.clone());
+    Setup {
+        ctx: Arc::new(ctx),
+        handle,
+        kernel,
+        tree,
+    }
+}
+
+async fn next(handle: &mut Handle) -> (Request<Body>, Responder) {
+    tokio::time::timeout(Duration::from_secs(600), handle.next_request())
+        .await
+        .expect("the agent sent a request in time")
+        .expect("the client is alive")
+}
+
+async fn body_json(req: Request<Body>) -> (http::request::Parts, Value) {
+    let (parts, body) = req.into_parts();
+    let bytes = body.collect_bytes().await.expect("request body");
+    let value = if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes).expect("JSON body")
+    };
+    (parts, value)
+}
+
+fn query(parts: &http::request::Parts) -> Vec<(String, String)> {
+    let mut q: Vec<(String, String)> = parts
+        .uri
+        .query()
+        .unwrap_or_default()
+        .split('&')
+        .filter(|s| !s.is_empty())
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            (k.to_string(), v.to_string())
+        })
+        .collect();
+    q.sort();
+    q
+}
+
+fn respond(send: Responder, status: StatusCode, body: &Value) {
+    send.send_response(
+        Response::builder()
+            .status(status)
+            .header("content-type", "application/json")
+            .body(Body::from(serde_json::to_vec(body).expect("json")))
+            .expect("response"),
+    );
+}
+
+/// The object the API server returns after a status apply.
+fn with_status(node: &RoceNode, patch: &Value) -> Value {
+    let mut obj = serde_json::to_value(node).expect("node json");
+    obj["status"] = patch["status"].clone();
+    obj
+}
+
+fn is_status_patch(parts: &http::request::Parts) -> bool {
+    parts.method == Method::PATCH
+        && parts.uri.path() == "/apis/rocefabric.io/v1alpha1/rocenodes/node-a/status"
+}
+
+fn knob_json(knob: &str, outcome: &str, mechanism: &str, value: &str) -> Value {
+    json!({ "knob": knob, "outcome": outcome, "mechanism": mechanism, "desired": value, "observed": value })
+}
+
+#[tokio::test]
+async fn first_pass_sends_the_exact_status_apply_patch() {
+    let Setup {
+        ctx,
+        mut handle,
+        kernel,
+        tree: _tree,
+    } = setup();
+    let node = roce_node(2);
+    let task = {
+        let (ctx, node) = (ctx.clone(), node.clone());
+        tokio::spawn(async move { reconcile(&ctx, &node, t(1_800_000_000)).await })
+    };
+    let (req, send) = next(&mut handle).await;
+    assert_eq!(
+        req.headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok()),
+        Some("application/apply-patch+yaml")
+    );
+    let (parts, body) = body_json(req).await;
+    assert!(is_status_patch(&parts), "{} {}", parts.method, parts.uri);
+    assert_eq!(
+        query(&parts),
+        vec![
+            ("fieldManager".to_string(), "rocefabric-agent".to_string()),
+            ("force".to_string(), "true".to_string())
+        ]
+    );
+    let message = "QoS holds on 1 interface(s)";
+    let expected = json!({
+        "apiVersion": "rocefabric.io/v1alpha1",
+        "kind": "RoceNode",
+        "status": {
+            "observedGeneration": 2,
+            "fabricGeneration": 4,
+            "conditions": [
+                { "type": "Degraded", "status": "False", "reason": "AsExpected", "message": "",
+                  "observedGeneration": 2, "lastTransitionTime": "2027-01-15T08:00:00Z" },
+                { "type": "QosApplied", "status": "True", "reason": "QosApplied", "message": message,
+                  "observedGeneration": 2, "lastTransitionTime": "2027-01-15T08:00:00Z" },
+                { "type": "Ready", "status": "True", "reason": "AsExpected", "message": message,
+                  "observedGeneration": 2, "lastTransitionTime": "2027-01-15T08:00:00Z" },
+            ],
+            "interfaces": [{
+                "netdev": "enp24s0np0",
+                "rdmaDevice": "mlx5_0",
+                "pciAddress": "0000:18:00.0",
+                "linkState": "ACTIVE",
+                "trust": "dscp",
+                "pfcPriorities": [3],
+                "ecnPriorities": [3],
+                "roceTos": 106,
+                "mtu": 4200,
+                "knobs": [
+                    knob_json("trust", "Applied", "Sysfs", "dscp"),
+                    knob_json("dscpMap", "Applied", "DcbNetlink", "26:3,48:6"),
+                    knob_json("pfc", "Applied", "DcbNetlink", "3"),
+                    knob_json("ecnNotificationPoint", "Applied", "Sysfs", "3"),
+                    knob_json("ecnReactionPoint", "Applied", "Sysfs", "3"),
+                    knob_json("cnpDscp", "AlreadyCorrect", "Sysfs", "48"),
+                    knob_json("cnpPriority", "Applied", "Sysfs", "6"),
+                    knob_json("roceTos", "Applied", "Configfs", "106"),
+                    knob_json("roceMode", "Applied", "Configfs", "RoCE v2"),
+                    knob_json("mtu", "Applied", "Rtnetlink", "4200"),
+                ],
+            }],
+            "lastSyncTime": "2027-01-15T08:00:00Z",
+        },
+    });
+    assert_eq!(
+        body,
+        expected,
+        "status patch body:\n{}",
+        serde_json::to_string_pretty(&body).unwrap_or_default()
+    );
+    respond(send, StatusCode::OK, &with_status(&node, &body));
+    let status = task.await.expect("task").expect("reconcile");
+    assert!(conditions::is_true(
+        &status.conditions,
+        condition::QOS_APPLIED,
+        Some(2)
+    ));
+    assert_eq!(
+        kernel.dcb.lock().expect("lock").pfc.map(|p| p.pfc_en),
+        Some(0x08)
+    );
+    let targets = ctx.counter_targets.read().expect("lock");
+    assert_eq!(
+        targets
+            .iter()
+            .map(|f| f.netdev.as_str())
+            .collect::<Vec<_>>(),
+        ["enp24s0np0"]
+    );
+}
+
+#[tokio::test]
+async fn drift_is_corrected_with_an_event_and_a_metric() {
+    let Setup {
+        ctx,
+        mut handle,
+        kernel,
+        tree,
+    } = setup();
+    let node = roce_node(2);
+    // First pass.
+    let first = {
+        let (ctx, node) = (ctx.clone(), node.clone());
+        tokio::spawn(async move { reconcile(&ctx, &node, t(1_800_000_000)).await })
+    };
+    let (req, send) = next(&mut handle).await;
+    let (_, body) = body_json(req).await;
+    let stored: RoceNode = serde_json::from_value(with_status(&node, &body)).expect("node");
+    respond(send, StatusCode::OK, &with_status(&node, &body));
+    first.await.expect("task").expect("reconcile");
+
+    // Someone runs `mlnx_qos --pfc 0,0,0,0,0,0,0,0` by hand; the watch brings back our status.
+    if let Ok(mut dcb) = kernel.dcb.lock()
+        && let Some(pfc) = dcb.pfc.as_mut()
+    {
+        pfc.pfc_en = 0;
+    }
+    let second = {
+        let (ctx, stored) = (ctx.clone(), stored.clone());
+        tokio::spawn(async move { reconcile(&ctx, &stored, t(1_800_000_060)).await })
+    };
+    let (req, send) = next(&mut handle).await;
+    let (parts, event) = body_json(req).await;
+    assert_eq!(parts.method, Method::POST);
+    assert_eq!(
+        parts.uri.path(),
+        "/apis/events.k8s.io/v1/namespaces/default/events"
+    );
+    assert_eq!(event["reason"], "DriftCorrected");
+    assert_eq!(event["type"], "Warning");
+    assert_eq!(event["regarding"]["kind"], "RoceNode");
+    assert_eq!(event["regarding"]["name"], "node-a");
+    assert_eq!(
+        event["note"],
+        "QoS had drifted and was written back: enp24s0np0 pfc"
+    );
+    assert_eq!(event["reportingController"], "rocefabric-agent");
+    respond(send, StatusCode::CREATED, &event);
+
+    let (req, send) = next(&mut handle).await;
+    let (parts, body) = body_json(req).await;
+    assert!(is_status_patch(&parts));
+    let knobs = body["status"]["interfaces"][0]["knobs"]
+        .as_array()
+        .expect("knobs")
+        .clone();
+    let pfc = knobs.iter().find(|k| k["knob"] == "pfc").expect("pfc");
+    assert_eq!(pfc["outcome"], "Applied");
+    assert!(
+        knobs
+            .iter()
+            .filter(|k| k["knob"] != "pfc")
+            .all(|k| k["outcome"] == "AlreadyCorrect"),
+        "{knobs:?}"
+    );
+    // QosApplied stayed True: its transition time does not move; lastSyncTime does.
+    assert_eq!(
+        body["status"]["conditions"][1]["lastTransitionTime"],
+        "2027-01-15T08:00:00Z"
+    );
+    assert_eq!(body["status"]["lastSyncTime"], "2027-01-15T08:01:00Z");
+    respond(send, StatusCode::OK, &with_status(&stored, &body));
+    second.await.expect("task").expect("reconcile");
+
+    let mut registry = Registry::default();
+    ctx.metrics.register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+    assert!(
+        text.contains(
+            r#"rocefabric_qos_drift_corrections_total{interface="enp24s0np0",knob="pfc"} 1"#
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"rocefabric_qos_knob_holds{interface="enp24s0np0",knob="pfc"} 1"#),
+        "{text}"
+    );
+    drop(tree);
+}
+
+#[tokio::test]
+async fn a_failed_status_write_is_an_error_naming_the_node() {
+    let Setup {
+        ctx,
+        mut handle,
+        tree: _tree,
+        ..
+    } = setup();
+    let node = roce_node(1);
+    let task = {
+        let (ctx, node) = (ctx.clone(), node.clone());
+        tokio::spawn(async move { reconcile(&ctx, &node, t(1_800_000_000)).await })
+    };
+    let (_, send) = next(&mut handle).await;
+    respond(
+        send,
+        StatusCode::FORBIDDEN,
+        &json!({ "kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden",
+                 "message": "rocenodes/status is forbidden", "code": 403 }),
+    );
+    let err = task.await.expect("task").expect_err("forbidden");
+    assert_eq!(err.metric_label(), "status");
+    assert!(err.to_string().contains("RoceNode node-a status"), "{err}");
+}
+
+fn list_body(node: &RoceNode) -> Value {
+    json!({ "apiVersion": "rocefabric.io/v1alpha1", "kind": "RoceNodeList",
+            "metadata": { "resourceVersion": "10" }, "items": [serde_json::to_value(node).expect("node")] })
+}
+
+fn watch_body(kind: &str, object: &Value) -> Body {
+    let mut line = serde_json::to_vec(&json!({ "type": kind, "object": object })).expect("json");
+    line.push(b'\n');
+    Body::from(line)
+}
+
+fn is_watch(parts: &http::request::Parts) -> bool {
+    parts.method == Method::GET
+        && query(parts)
+            .iter()
+            .any(|(k, v)| k == "watch" && v == "true")
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_loop_applies_on_spec_changes_and_resyncs_but_ignores_its_own_status_writes() {
+    let Setup {
+        ctx,
+        mut handle,
+        tree: _tree,
+        ..
+    } = setup();
+    let start = tokio::time::Instant::now();
+    let resync = Duration::from_secs(60);
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let agent = tokio::spawn(run(ctx.clone(), resync, async move {
+        let _ = stop_rx.await;
+    }));
+
+    // The watcher lists the node by name.
+    let node = roce_node(2);
+    let (req, send) = next(&mut handle).await;
+    let (parts, _) = body_json(req).await;
+    assert_eq!(
+        (parts.method.clone(), parts.uri.path()),
+        (Method::GET, "/apis/rocefabric.io/v1alpha1/rocenodes")
+    );
+    assert!(
+        query(&parts).contains(&("fieldSelector".into(), "metadata.name%3Dnode-a".into())),
+        "{:?}",
+        parts.uri
+    );
+    respond(send, StatusCode::OK, &list_body(&node));
+
+    // Then watches (held open) and applies generation 2 at once; requests may come in any order.
+    let mut watch: Option<Responder> = None;
+    let mut patch: Option<Value> = None;
+    while watch.is_none() || patch.is_none() {
+        let (req, send) = next(&mut handle).await;
+        let (parts, body) = body_json(req).await;
+        if is_watch(&parts) {
+            watch = Some(send);
+        } else {
+            assert!(is_status_patch(&parts), "{} {}", parts.method, parts.uri);
+            assert!(
+                start.elapsed() < Duration::from_secs(1),
+                "a new generation is applied at once"
+            );
+            assert_eq!(body["status"]["observedGeneration"], 2);
+            respond(send, StatusCode::OK, &with_status(&node, &body));
+            patch = Some(body);
+        }
+    }
+    // The watch brings our own status write back: same generation, so no new pass.
+    let echoed = with_status(&node, patch.as_ref().expect("patched"));
+    if let Some(send) = watch.take() {
+        send.send_response(
+            Response::builder()
+                .body(watch_body("MODIFIED", &echoed))
+                .expect("response"),
+        );
+    }
+    // Next comes the re-watch; the next status write is the resync, a full interval later.
+    let mut rewatch: Option<Responder> = None;
+    loop {
+        let (req, send) = next(&mut handle).await;
+        let (parts, body) = body_json(req).await;
+        if is_watch(&parts) {
+            rewatch = Some(send);
+            continue;
+        }
+        assert!(is_status_patch(&parts), "{} {}", parts.method, parts.uri);
+        let at = start.elapsed();
+        assert!(
+            at >= resync && at < resync + Duration::from_secs(5),
+            "resync at {at:?}"
+        );
+        assert_eq!(body["status"]["observedGeneration"], 2);
+        respond(send, StatusCode::OK, &with_status(&node, &body));
+        break;
+    }
+    assert!(rewatch.is_some(), "the watch was resumed");
+    // A spec change (generation 3) is applied at once, well before the next resync.
+    let before = start.elapsed();
+    let mut changed = roce_node(3);
+    changed.spec.qos.mtu = 9000;
+    if let Some(send) = rewatch.take() {
+        send.send_response(
+            Response::builder()
+                .body(watch_body(
+                    "MODIFIED",
+                    &serde_json::to_value(&changed).expect("json"),
+                ))
+                .expect("response"),
+        );
+    }
+    let mut open_watches = Vec::new();
+    loop {
+        let (req, send) = next(&mut handle).await;
+        let (parts, body) = body_json(req).await;
+        if is_watch(&parts) {
+            open_watches.push(send); // kept open
+            continue;
+        }
+        assert!(is_status_patch(&parts));
+        assert!(
+            start.elapsed() - before < Duration::from_secs(1),
+            "applied at once"
+        );
+        assert_eq!(body["status"]["observedGeneration"], 3);
+        assert_eq!(body["status"]["interfaces"][0]["mtu"], 9000);
+        respond(send, StatusCode::OK, &with_status(&changed, &body));
+        break;
+    }
+    let _ = stop_tx.send(());
+    agent.await.expect("task").expect("clean shutdown");
+    let mut registry = Registry::default();
+    ctx.metrics.register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+    assert!(
+        text.contains(r#"rocefabric_qos_syncs_total{result="success"} 3"#),
+        "{text}"
+    );
+}
+
+#[test]
+fn conditions_name_the_reason() {
+    let knob = |k: Knob, o: KnobOutcome, e: Option<&str>| KnobStatus {
+        knob: k,
+        outcome: o,
+        mechanism: None,
+        desired: None,
+        observed: None,
+        error: e.map(str::to_string),
+    };
+    let iface = |name: &str, link: &str, knobs: Vec<KnobStatus>| InterfaceStatus {
+        netdev: name.into(),
+        link_state: Some(link.into()),
+        knobs,
+        ..Default::default()
+    };
+    let find = |c: &[DesiredCondition], t: &str| {
+        c.iter().find(|d| d.type_ == t).cloned().expect("condition")
+    };
+
+    let none = node_conditions(&[]);
+    assert_eq!(
+        find(&none, condition::QOS_APPLIED).reason,
+        reason::NO_INTERFACES
+    );
+    assert!(find(&none, condition::DEGRADED).status);
+
+    let unsupported = node_conditions(&[iface(
+        "veth0",
+        "ACTIVE",
+        vec![
+            knob(Knob::Pfc, KnobOutcome::Unsupported, Some("EOPNOTSUPP")),
+            knob(Knob::Mtu, KnobOutcome::Applied, None),
+        ],
+    )]);
+    let q = find(&unsupported, condition::QOS_APPLIED);
+    assert_eq!((q.status, q.reason), (false, reason::QOS_UNSUPPORTED));
+    assert_eq!(q.message, "1 knob(s) unsupported: veth0 pfc: EOPNOTSUPP");
+    assert!(find(&unsupported, condition::DEGRADED).status);
+
+    let failed = node_conditions(&[iface(
+        "eth2",
+        "ACTIVE",
+        vec![
+            knob(Knob::Pfc, KnobOutcome::Unsupported, Some("x")),
+            knob(
+                Knob::Trust,
+                KnobOutcome::Failed,
+                Some("wrote dscp but reads back pcp"),
+            ),
+        ],
+    )]);
+    assert_eq!(
+        find(&failed, condition::QOS_APPLIED).reason,
+        reason::QOS_FAILED,
+        "failures outrank unsupported"
+    );
+
+    // Upstream mlx5: no ECN enable files. Lossless holds, so QoS is applied, but degraded.
+    let upstream = node_conditions(&[iface(
+        "enp24s0np0",
+        "ACTIVE",
+        vec![
+            knob(Knob::Pfc, KnobOutcome::AlreadyCorrect, None),
+            knob(Knob::DscpMap, KnobOutcome::Applied, None),
+            knob(
+                Knob::EcnNotificationPoint,
+                KnobOutcome::Unsupported,
+                Some("no ECN enable files"),
+            ),
+        ],
+    )]);
+    let q = find(&upstream, condition::QOS_APPLIED);
+    assert_eq!((q.status, q.reason), (true, reason::QOS_APPLIED));
+    let d = find(&upstream, condition::DEGRADED);
+    assert_eq!((d.status, d.reason), (true, reason::QOS_UNSUPPORTED));
+    assert!(d.message.contains("ecnNotificationPoint"), "{}", d.message);
+    assert!(find(&upstream, condition::READY).status);
+
+    let down = node_conditions(&[iface(
+        "eth2",
+        "DOWN",
+        vec![knob(Knob::Pfc, KnobOutcome::AlreadyCorrect, None)],
+    )]);
+    assert!(find(&down, condition::QOS_APPLIED).status);
+    let ready = find(&down, condition::READY);
+    assert_eq!(
+        (ready.status, ready.reason, ready.message.as_str()),
+        (false, reason::LINK_DOWN, "eth2 is DOWN")
+    );
+    assert!(!find(&down, condition::DEGRADED).status);
+}
+
+#[test]
+fn drift_needs_the_same_generation_and_a_knob_that_held() {
+    let held = |o: KnobOutcome| InterfaceStatus {
+        netdev: "eth2".into(),
+        knobs: vec![KnobStatus {
+            knob: Knob::Pfc,
+            outcome: o,
+            mechanism: None,
+            desired: None,
+            observed: None,
+            error: None,
+        }],
+        ..Default::default()
+    };
+    let mut node = roce_node(2);
+    node.status = Some(RoceNodeStatus {
+        observed_generation: Some(2),
+        interfaces: vec![held(KnobOutcome::AlreadyCorrect)],
+        ..Default::default()
+    });
+    assert_eq!(
+        drifted(&node, &[held(KnobOutcome::Applied)]),
+        vec![("eth2".to_string(), Knob::Pfc)]
+    );
+    assert!(drifted(&node, &[held(KnobOutcome::AlreadyCorrect)]).is_empty());
+    node.metadata.generation = Some(3);
+    assert!(
+        drifted(&node, &[held(KnobOutcome::Applied)]).is_empty(),
+        "a new spec is not drift"
+    );
+    node.metadata.generation = Some(2);
+    node.status = Some(RoceNodeStatus {
+        observed_generation: Some(2),
+        interfaces: vec![held(KnobOutcome::Failed)],
+        ..Default::default()
+    });
+    assert!(
+        drifted(&node, &[held(KnobOutcome::Applied)]).is_empty(),
+        "fixing a failure is not drift"
+    );
+}
+
+#[test]
+fn retry_delay_doubles_up_to_the_resync_interval() {
+    let max = Duration::from_secs(60);
+    let d: Vec<u64> = (1..=8).map(|f| retry_delay(f, max).as_secs()).collect();
+    assert_eq!(d, [1, 2, 4, 8, 16, 32, 60, 60]);
+}
+
+/// The NIC carrying the node's default route is left alone unless the selector names it: an
+/// empty or vendor-wide selector must not put PFC or a new MTU on the node's own uplink.
+#[test]
+fn the_default_route_interface_is_touched_only_when_named() {
+    let t = tree(Flavour::Upstream, true);
+    let default_route = BTreeSet::from(["enp24s0np0".to_string()]);
+    let with_selector = |selector: NicSelector| {
+        let mut node = roce_node(1);
+        node.spec.nic_selector = selector;
+        let selected = select_interfaces(&t.roots, &node, &default_route).expect("discovery");
+        selected
+            .into_iter()
+            .map(|s| s.files.netdev)
+            .collect::<Vec<_>>()
+    };
+    assert!(
+        with_selector(NicSelector::default()).is_empty(),
+        "empty selector"
+    );
+    let vendor = NicSelector {
+        vendors: vec!["15b3".into()],
+        ..Default::default()
+    };
+    assert!(with_selector(vendor).is_empty(), "vendor-wide selector");
+    let named = NicSelector {
+        netdevs: vec!["enp24s0np0".into()],
+        ..Default::default()
+    };
+    assert_eq!(with_selector(named), ["enp24s0np0"]);
+    // Without a default route on it, the empty selector takes it as before.
+    let mut node = roce_node(1);
+    node.spec.nic_selector = NicSelector::default();
+    let selected = select_interfaces(&t.roots, &node, &BTreeSet::new()).expect("discovery");
+    assert_eq!(selected.len(), 1);
+}
+
+/// A Soft-RoCE device left on a non-fabric NIC is not the fabric's: an empty or vendor-wide
+/// selector leaves it alone (no QoS written to its netdev, no QosUnsupported for the node), a
+/// selector naming it configures it (a Soft-RoCE test cluster).
+#[test]
+fn a_virtual_rdma_device_is_configured_only_when_named() {
+    let (_dir, roots) = crate::fixture_tests::written_roots(
+        &rocefabric_node_testing::fixtures::FixtureNode::dgx_h100().with_soft_roce("rxe0", "eno3", Some(14)),
+    );
+    let netdevs = |selector: NicSelector| {
+        let mut node = roce_node(1);
+        node.spec.nic_selector = selector;
+        select_interfaces(&roots, &node, &BTreeSet::new())
+            .expect("discovery")
+            .into_iter()
+            .map(|s| s.files.netdev)
+            .collect::<Vec<_>>()
+    };
+    let all = netdevs(NicSelector::default());
+    assert_eq!(all.len(), 14, "every ConnectX and irdma port: {all:?}");
+    assert!(!all.contains(&"eno3".to_string()), "{all:?}");
+    let by_name = NicSelector {
+        rdma_devices: vec!["rxe0".into()],
+        ..Default::default()
+    };
+    assert_eq!(netdevs(by_name), ["eno3"]);
+    let by_netdev = NicSelector {
+        netdevs: vec!["eno3".into()],
+        ..Default::default()
+    };
+    assert_eq!(netdevs(by_netdev), ["eno3"]);
+}
+
+/// A RoceNode waiting for its rollout slot: nothing is applied, `QosApplied` and `Ready` say
+/// `RolloutPending` (so the device plugin's gate holds the HCAs), and no fabric generation is
+/// reported as if its QoS had been tried.
+#[test]
+fn a_pending_roce_node_reports_rollout_pending_without_a_fabric_generation() {
+    let mut node = roce_node(1);
+    node.spec.pending = true;
+    let status = pending_status(&node, &t(1_800_000_000));
+    assert_eq!(status.fabric_generation, None);
+    assert!(status.interfaces.is_empty());
+    for type_ in [condition::QOS_APPLIED, condition::READY] {
+        let c = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == type_)
+            .unwrap_or_else(|| panic!("{type_}"));
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", reason::ROLLOUT_PENDING)
+        );
+        assert!(c.message.contains("fabric-a"), "{}", c.message);
+    }
+    assert!(!conditions::is_true(
+        &status.conditions,
+        condition::DEGRADED,
+        None
+    ));
+}

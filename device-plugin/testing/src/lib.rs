@@ -1,0 +1,8 @@
+//! Test doubles for the node daemon, for tests, benches and the demo only (a dev-dependency of
+//! the production crates, never a dependency):
+//! - [`fixtures`]: sysfs, /dev and /proc trees built like the kernel's (a DGX H100 and variants,
+//!   a Soft-RoCE VM), and helpers that change them as hardware would (a port going down);
+//! - [`kubelet_emulator`]: the kubelet's side of the device plugin API over real unix sockets.
+
+pub mod fixtures;
+pub mod kubelet_emulator;
