@@ -13,8 +13,8 @@ use std::process::{Command, Output};
 use rocefabric_api::NicSelector;
 use rocefabric_node_model::allocation::{self, ResourceKind};
 use rocefabric_node_model::config::Config;
-use rocefabric_node_testing::fixtures::FixtureNode;
 use rocefabric_node_model::inventory;
+use rocefabric_node_testing::fixtures::FixtureNode;
 
 use crate::workspace_root;
 

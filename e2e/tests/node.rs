@@ -9,11 +9,11 @@ use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use rocefabric_node_testing::fixtures::{self, FixtureNode};
-use rocefabric_node_testing::kubelet_emulator::KubeletEmulator;
-use rocefabric_kubelet_api::pb;
 use rocefabric_e2e::node::{DaemonProcess, NetNs, daemon_binary};
 use rocefabric_e2e::skip;
+use rocefabric_kubelet_api::pb;
+use rocefabric_node_testing::fixtures::{self, FixtureNode};
+use rocefabric_node_testing::kubelet_emulator::KubeletEmulator;
 
 const HCA: &str = rocefabric_api::constants::HCA_RESOURCE;
 const GPU: &str = rocefabric_api::constants::DEFAULT_GPU_RESOURCE;

@@ -7,12 +7,12 @@ use std::path::{Path, PathBuf};
 use rocefabric_api::NicSelector;
 use rocefabric_api::Trust;
 use rocefabric_api::nic_selector::normalize_pci_address;
-use rocefabric_node_testing::fixtures::{FixtureNode, gid_text};
 use rocefabric_node_model::inventory::{
     discover_with, parse_gid, parse_node_guid, parse_nvidia_information,
 };
-use rocefabric_qos_agent::driver_files::{parse_number, parse_trust};
 use rocefabric_node_model::topology::{self, PciChain, distance, is_bdf};
+use rocefabric_node_testing::fixtures::{FixtureNode, gid_text};
+use rocefabric_qos_agent::driver_files::{parse_number, parse_trust};
 
 use crate::text;
 

@@ -11,12 +11,12 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use rocefabric_device_plugin::fabric_source;
+use rocefabric_device_plugin::serve::{self, ServeOptions};
+use rocefabric_kubelet_api::pb;
 use rocefabric_node_model::config::Config;
 use rocefabric_node_testing::fixtures::{self, FixtureNode};
 use rocefabric_node_testing::kubelet_emulator::KubeletEmulator;
-use rocefabric_kubelet_api::pb;
-use rocefabric_device_plugin::fabric_source;
-use rocefabric_device_plugin::serve::{self, ServeOptions};
 use tokio::sync::oneshot;
 
 /// All three resources on (`gpu` and `gpuHca` enabled): the rails and the GPUs are the pairs', so

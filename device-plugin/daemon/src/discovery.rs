@@ -45,7 +45,6 @@ pub async fn discover(sources: &Sources, config: &Config) -> Result<Inventory, S
     }
 }
 
-
 impl Sources {
     /// Check the roots, run the first discovery (an empty inventory when it fails, so the
     /// servers still start and pick devices up later), then rediscover every `poll_interval` in

@@ -54,4 +54,3 @@ pub async fn fabric_view(
         }
     }
 }
-

@@ -183,7 +183,13 @@ fn discover_without_a_readable_rdma_class_fails_naming_path_and_cause() {
 
 #[test]
 fn config_files_are_capped_at_1_mib() {
-    let r = run(&["discover", "--sysfs-root", fixture("dgx-h100").path(), "--config", "/dev/zero"]);
+    let r = run(&[
+        "discover",
+        "--sysfs-root",
+        fixture("dgx-h100").path(),
+        "--config",
+        "/dev/zero",
+    ]);
     assert_eq!(r.code, Some(1));
     assert_eq!(
         r.stderr.trim_end(),
@@ -232,7 +238,13 @@ fn a_key_given_twice_is_refused_naming_key_and_line() {
 
     let c = dir.path().join("config.yaml");
     std::fs::write(&c, "hca:\n  sharedReplicas: 2\nhca:\n  sharedReplicas: 4\n").unwrap();
-    let r = run(&["discover", "--sysfs-root", fixture("dgx-h100").path(), "--config", s(&c)]);
+    let r = run(&[
+        "discover",
+        "--sysfs-root",
+        fixture("dgx-h100").path(),
+        "--config",
+        s(&c),
+    ]);
     assert_eq!(r.code, Some(1));
     assert!(
         r.stderr

@@ -97,7 +97,13 @@ fn json_output_has_the_documented_fields() {
 /// for every HCA and none for GPUs; with `gpuHca` on, the rails and their GPUs are the pairs'.
 #[test]
 fn each_device_names_the_resource_that_serves_it() {
-    let v = json(&["discover", "--sysfs-root", fixture("dgx-h100").path(), "-o", "json"]);
+    let v = json(&[
+        "discover",
+        "--sysfs-root",
+        fixture("dgx-h100").path(),
+        "-o",
+        "json",
+    ]);
     let resources = |v: &Value, list: &str| -> Vec<Value> {
         v[list]
             .as_array()
@@ -142,7 +148,13 @@ fn each_device_names_the_resource_that_serves_it() {
     );
 
     // The table shows it too.
-    let out = bin(&["discover", "--sysfs-root", fixture("dgx-h100").path(), "--config", cfg]);
+    let out = bin(&[
+        "discover",
+        "--sysfs-root",
+        fixture("dgx-h100").path(),
+        "--config",
+        cfg,
+    ]);
     let text = String::from_utf8(out.stdout).unwrap();
     let row = |prefix: &str| {
         text.lines()
@@ -263,7 +275,11 @@ fn variants_are_available_as_fixtures() {
     ]);
     assert!(v["hcas"].as_array().unwrap().is_empty());
     assert_eq!(v["gpus"].as_array().unwrap().len(), 8);
-    let out = bin(&["discover", "--sysfs-root", fixture("dgx-h100-no-rdma").path()]);
+    let out = bin(&[
+        "discover",
+        "--sysfs-root",
+        fixture("dgx-h100-no-rdma").path(),
+    ]);
     assert!(String::from_utf8_lossy(&out.stdout).contains("(none)"));
 }
 
@@ -286,7 +302,6 @@ fn errors_name_what_is_wrong() {
     let out = bin(&["discover", "--sysfs-root", "/nonexistent/sys"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/sys"));
-
 }
 
 #[test]
@@ -314,7 +329,13 @@ fn malformed_device_is_skipped_with_a_warning() {
 
 #[test]
 fn a_soft_roce_device_is_listed_as_virtual_without_pci_fields() {
-    let v = json(&["discover", "--sysfs-root", fixture("vm-soft-roce").path(), "--output", "json"]);
+    let v = json(&[
+        "discover",
+        "--sysfs-root",
+        fixture("vm-soft-roce").path(),
+        "--output",
+        "json",
+    ]);
     let h = &v["hcas"][0];
     assert_eq!(h["id"], "virtual-505400fffe123456");
     assert_eq!(h["name"], "rxe0");

@@ -14,20 +14,20 @@ use k8s_openapi::api::resource::v1::{
     AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,
     ResourceClaimStatus,
 };
-use rocefabric_node_model::config::Config;
+use rocefabric_dra::cdi;
 use rocefabric_dra::checkpoint::{self, ClaimState};
 use rocefabric_dra::devices::{gpu_device_name, hca_device_name};
 use rocefabric_dra::driver::{ClaimSource, DraOptions, NodeDriver, NodeView};
 use rocefabric_dra::ledger::Ledger;
 use rocefabric_kubelet_api::pb_plugin_registration::InfoRequest;
 use rocefabric_kubelet_api::pb_plugin_registration::registration_client::RegistrationClient;
-use rocefabric_dra::cdi;
-use rocefabric_kubelet_api::{dra as plugin, pb_dra_v1 as pb_v1, pb_dra_v1beta1 as pb_v1beta1};
-use rocefabric_node_testing::fixtures::{self, FixtureNode};
-use rocefabric_node_model::inventory;
 use rocefabric_kubelet_api::uds_uri;
+use rocefabric_kubelet_api::{dra as plugin, pb_dra_v1 as pb_v1, pb_dra_v1beta1 as pb_v1beta1};
+use rocefabric_node_model::config::Config;
+use rocefabric_node_model::inventory;
 use rocefabric_node_model::model::Inventory;
 use rocefabric_node_model::topology;
+use rocefabric_node_testing::fixtures::{self, FixtureNode};
 use tokio::sync::watch;
 use tonic::transport::{Channel, Endpoint};
 

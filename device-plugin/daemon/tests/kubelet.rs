@@ -6,14 +6,14 @@ mod raw_h2;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rocefabric_node_testing::fixtures;
 use rocefabric_h2_authority::frame;
-use rocefabric_node_testing::kubelet_emulator::{EmulatorError, KubeletEmulator};
-use rocefabric_kubelet_api::registration::{self, RegistrationError};
 use rocefabric_kubelet_api::device_plugin::{
     BackendError, DeviceBackend, PluginServer, plugin_options,
 };
+use rocefabric_kubelet_api::registration::{self, RegistrationError};
 use rocefabric_kubelet_api::{self as kubelet, pb};
+use rocefabric_node_testing::fixtures;
+use rocefabric_node_testing::kubelet_emulator::{EmulatorError, KubeletEmulator};
 use tokio::sync::watch;
 
 const WAIT: Duration = Duration::from_secs(5);

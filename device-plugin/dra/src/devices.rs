@@ -304,8 +304,8 @@ pub fn listing(
 #[allow(clippy::unwrap_used)] // tests fail loudly on the unexpected
 mod tests {
     use super::*;
-    use rocefabric_node_testing::fixtures;
     use rocefabric_node_model::inventory;
+    use rocefabric_node_testing::fixtures;
 
     fn dgx() -> Inventory {
         let dir = fixtures::tempdir().unwrap();

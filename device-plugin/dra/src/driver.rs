@@ -19,12 +19,17 @@ use tokio::time::Instant;
 use super::checkpoint::{self, Checkpoint, CheckpointError, ClaimRecord, ClaimState};
 use super::devices::{self, Listing};
 use super::ledger::Ledger;
-use rocefabric_kubelet_api::pb_dra_v1::{Claim, Device, NodePrepareResourceResponse, NodeUnprepareResourceResponse};
-use rocefabric_kubelet_api::dra::{self as dra_service, Preparer, RegistrationService};
-use rocefabric_kubelet_api::socket::{SocketError, SocketServer};
 use super::prepare::{self, ClaimRef};
 use super::publish::SlicePublisher;
-use super::{CHECKPOINT_FILE_NAME, DRA_SOCKET_NAME, DRIVER_NAME, REGISTRATION_SOCKET_NAME, cdi, pod_resources};
+use super::{
+    CHECKPOINT_FILE_NAME, DRA_SOCKET_NAME, DRIVER_NAME, REGISTRATION_SOCKET_NAME, cdi,
+    pod_resources,
+};
+use rocefabric_kubelet_api::dra::{self as dra_service, Preparer, RegistrationService};
+use rocefabric_kubelet_api::pb_dra_v1::{
+    Claim, Device, NodePrepareResourceResponse, NodeUnprepareResourceResponse,
+};
+use rocefabric_kubelet_api::socket::{SocketError, SocketServer};
 use rocefabric_node_model::config::Config;
 use rocefabric_node_model::fabric_view::FabricView;
 use rocefabric_node_model::model::Inventory;

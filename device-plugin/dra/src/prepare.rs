@@ -174,16 +174,20 @@ pub fn plan(
 #[allow(clippy::unwrap_used)] // tests fail loudly on the unexpected
 mod tests {
     use super::*;
-    use rocefabric_node_testing::fixtures::FixtureNode;
     use k8s_openapi::api::resource::v1::{
         AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult,
         ResourceClaimStatus,
     };
+    use rocefabric_node_testing::fixtures::FixtureNode;
 
     fn dgx() -> Inventory {
         let dir = rocefabric_node_testing::fixtures::tempdir().unwrap();
         FixtureNode::dgx_h100().write_to(dir.path()).unwrap();
-        rocefabric_node_model::inventory::discover(dir.path(), &rocefabric_api::NicSelector::default()).unwrap()
+        rocefabric_node_model::inventory::discover(
+            dir.path(),
+            &rocefabric_api::NicSelector::default(),
+        )
+        .unwrap()
     }
 
     fn claim_ref() -> ClaimRef {

@@ -219,8 +219,9 @@ impl PluginServer {
         let resource = backend.resource_name().to_string();
         let span = tracing::info_span!("plugin server", %resource);
         let server = socket::serve(socket, span, |stopping| {
-            tonic::transport::Server::builder()
-                .add_service(DevicePluginServer::new(PluginService::new(backend, stopping)))
+            tonic::transport::Server::builder().add_service(DevicePluginServer::new(
+                PluginService::new(backend, stopping),
+            ))
         })?;
         let server = Self { resource, server };
         if let Err(e) = server.self_check().await {

@@ -15,13 +15,13 @@ use prost::Message;
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
-use crate::pb_plugin_registration::registration_server::{Registration, RegistrationServer};
-use crate::pb_plugin_registration::{
-    InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
-};
 use crate::pb_dra_v1::{
     Claim, NodePrepareResourceResponse, NodePrepareResourcesRequest, NodePrepareResourcesResponse,
     NodeUnprepareResourceResponse, NodeUnprepareResourcesRequest, NodeUnprepareResourcesResponse,
+};
+use crate::pb_plugin_registration::registration_server::{Registration, RegistrationServer};
+use crate::pb_plugin_registration::{
+    InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
 };
 use crate::socket::{self, SocketError, SocketServer};
 use crate::{pb_dra_v1 as pb_v1, pb_dra_v1beta1 as pb_v1beta1};
@@ -157,7 +157,10 @@ impl Registration for RegistrationService {
 }
 
 /// Serve the DRA service (v1 and v1beta1) on `socket` until the returned server is stopped.
-pub fn serve_dra<P: Preparer>(socket: &Path, preparer: Arc<P>) -> Result<SocketServer, SocketError> {
+pub fn serve_dra<P: Preparer>(
+    socket: &Path,
+    preparer: Arc<P>,
+) -> Result<SocketServer, SocketError> {
     let span = tracing::info_span!("dra socket", socket = %socket.display());
     socket::serve(socket, span, |_| {
         let service = DraService { preparer };

@@ -57,4 +57,3 @@ pub async fn list(socket: &Path) -> Result<Vec<(String, String)>, PodResourcesEr
         })
         .collect())
 }
-

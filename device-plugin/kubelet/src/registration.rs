@@ -93,7 +93,8 @@ pub async fn register(
 pub use rocefabric_runtime::Backoff;
 
 /// The backoff between registration attempts: 100 ms doubling to 10 s.
-pub const DEFAULT_BACKOFF: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(10));
+pub const DEFAULT_BACKOFF: Backoff =
+    Backoff::new(Duration::from_millis(100), Duration::from_secs(10));
 
 /// Register until the kubelet accepts, waiting per `backoff` between failures, telling
 /// `on_attempt` each outcome. Never gives up; cancel it by dropping or aborting the future.

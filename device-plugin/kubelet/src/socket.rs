@@ -136,7 +136,9 @@ impl SocketServer {
         let shown = socket.display();
         match tokio::time::timeout(STOP_TIMEOUT, &mut task).await {
             Ok(Ok(Ok(()))) => {}
-            Ok(Ok(Err(error))) => tracing::warn!(socket = %shown, %error, "server ended with an error"),
+            Ok(Ok(Err(error))) => {
+                tracing::warn!(socket = %shown, %error, "server ended with an error")
+            }
             Ok(Err(error)) => tracing::warn!(socket = %shown, %error, "server task failed"),
             Err(_) => {
                 tracing::warn!(socket = %shown, "server did not stop in time; aborting it");

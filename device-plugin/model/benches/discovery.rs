@@ -8,8 +8,8 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use rocefabric_api::NicSelector;
 use rocefabric_node_model::allocation::{self, ResourceKind};
 use rocefabric_node_model::config::Config;
-use rocefabric_node_testing::fixtures::{self, FixtureNode};
 use rocefabric_node_model::{inventory, topology};
+use rocefabric_node_testing::fixtures::{self, FixtureNode};
 
 fn benches(c: &mut Criterion) {
     let dir = fixtures::tempdir().expect("temp dir");

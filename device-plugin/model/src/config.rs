@@ -375,7 +375,6 @@ impl Config {
     }
 }
 
-
 /// `NicSelector` with unknown fields rejected (the API type itself is lenient, as CRD types are).
 fn strict_selector<'de, D: Deserializer<'de>>(d: D) -> Result<NicSelector, D::Error> {
     #[derive(Deserialize)]
@@ -480,5 +479,4 @@ mod tests {
         assert_eq!(duration_text::format(Duration::from_millis(1500)), "1500ms");
         assert_eq!(duration_text::format(Duration::from_secs(3)), "3s");
     }
-
 }

@@ -39,6 +39,8 @@ use rocefabric_input::shown;
 use tokio::time::Instant;
 use tracing::{debug, info, instrument, warn};
 
+use rocefabric_runtime::{Backoff, Retry};
+
 use super::apply::{self, Netlink, Outcome};
 use super::default_route;
 use super::driver_files::{NetdevFiles, RdmaPort, Roots};
@@ -148,7 +150,7 @@ impl AgentMetrics {
 }
 
 /// What a pass needs.
-pub struct Context {
+pub struct AgentContext {
     pub client: Client,
     pub node_name: String,
     pub roots: Roots,
@@ -159,15 +161,15 @@ pub struct Context {
     pub counter_targets: Arc<RwLock<Vec<NetdevFiles>>>,
 }
 
-impl std::fmt::Debug for Context {
+impl std::fmt::Debug for AgentContext {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Context")
+        f.debug_struct("AgentContext")
             .field("node_name", &self.node_name)
             .finish_non_exhaustive()
     }
 }
 
-impl Context {
+impl AgentContext {
     pub fn new(
         client: Client,
         node_name: String,
@@ -507,7 +509,7 @@ fn failed_knobs(desired: &Desired, error: &str) -> Vec<KnobStatus> {
 /// One pass: select, apply, report drift, write status. Returns the status written.
 #[instrument(skip_all, fields(node = %ctx.node_name, generation = ?node.metadata.generation))]
 pub async fn reconcile(
-    ctx: &Context,
+    ctx: &AgentContext,
     node: &RoceNode,
     now: Time,
 ) -> Result<RoceNodeStatus, AgentError> {
@@ -603,7 +605,7 @@ pub async fn reconcile(
 }
 
 /// Server-side apply of this node's RoceNode status.
-async fn write_status(ctx: &Context, status: &RoceNodeStatus) -> Result<(), AgentError> {
+async fn write_status(ctx: &AgentContext, status: &RoceNodeStatus) -> Result<(), AgentError> {
     let api: Api<RoceNode> = Api::all(ctx.client.clone());
     let params = PatchParams::apply(AGENT_FIELD_MANAGER).force();
     api.patch_status(&ctx.node_name, &params, &Patch::Apply(status_patch(status)))
@@ -620,14 +622,14 @@ fn spec_key(node: &RoceNode) -> (Option<String>, Option<i64>) {
     (node.metadata.uid.clone(), node.metadata.generation)
 }
 
-/// Retry delay after `failures` consecutive failed passes: 1s, 2s, 4s, ... capped at `max`.
-pub fn retry_delay(failures: u32, max: Duration) -> Duration {
-    Duration::from_secs(1u64 << failures.saturating_sub(1).min(10)).min(max)
+/// The delays between failed passes: 1s, 2s, 4s, ... capped at the resync interval.
+pub fn retry_backoff(resync: Duration) -> Backoff {
+    Backoff::new(Duration::from_secs(1), resync)
 }
 
 /// Watch the node's RoceNode and run passes until `shutdown` completes.
 pub async fn run(
-    ctx: Arc<Context>,
+    ctx: Arc<AgentContext>,
     resync: Duration,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), AgentError> {
@@ -640,7 +642,7 @@ pub async fn run(
     // one again only at the next resync or retry.
     let mut attempted: Option<(Option<String>, Option<i64>)> = None;
     let mut due: Option<Instant> = None;
-    let mut failures = 0u32;
+    let mut retry = Retry::new(retry_backoff(resync));
     tokio::pin!(shutdown);
     info!(node = %ctx.node_name, resync = ?resync, "QoS agent started");
     loop {
@@ -684,13 +686,12 @@ pub async fn run(
                 attempted = Some(spec_key(&n));
                 match reconcile(&ctx, &n, Time(Timestamp::now())).await {
                     Ok(_) => {
-                        failures = 0;
+                        retry.reset();
                         ctx.metrics.syncs.get_or_create(&vec![("result", "success".to_string())]).inc();
                         due = Some(Instant::now() + resync);
                     }
                     Err(error) => {
-                        failures += 1;
-                        let delay = retry_delay(failures, resync);
+                        let delay = retry.next_delay();
                         warn!(%error, retry_in = ?delay, "QoS pass failed");
                         ctx.metrics.syncs.get_or_create(&vec![("result", error.metric_label().to_string())]).inc();
                         due = Some(Instant::now() + delay);
@@ -702,5 +703,4 @@ pub async fn run(
 }
 
 #[cfg(test)]
-#[path = "agent_tests.rs"]
 mod tests;

@@ -528,8 +528,8 @@ mod tests {
     /// malformed one fails that knob, naming the file, and never blocks or floods the report.
     #[test]
     fn fifos_and_huge_values_fail_their_knob_without_blocking() {
-        use rocefabric_node_testing::fixtures::replace_with_fifo;
         use crate::fixture_tests::{Flavour, tree};
+        use rocefabric_node_testing::fixtures::replace_with_fifo;
         let t = tree(Flavour::OutOfTree, true);
         let net = t.roots.sysfs.join("class/net/enp24s0np0");
         let gid0 = t

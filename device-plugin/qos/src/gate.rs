@@ -13,9 +13,9 @@ use rocefabric_api::RoceNode;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
+use crate::agent::interface_is_lossless;
 use rocefabric_node_model::config::QosGate;
 use rocefabric_node_model::fabric_view::FabricView;
-use crate::agent::interface_is_lossless;
 
 /// The view a `RoceNode` gives: `None` (no RoceNode) is no gate; otherwise the spec's traffic
 /// class and the netdevs whose every knob holds, reported for the node's current generation

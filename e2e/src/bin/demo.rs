@@ -7,13 +7,13 @@ use std::time::Duration;
 
 use anyhow::Context;
 use rocefabric_api::constants::HCA_RESOURCE;
-use rocefabric_node_model::allocation::ResourceKind;
-use rocefabric_node_model::config::Config;
-use rocefabric_node_testing::kubelet_emulator::KubeletEmulator;
 use rocefabric_device_plugin::serve::{self, ServeOptions};
 use rocefabric_device_plugin::{cli::discover, fabric_source};
+use rocefabric_node_model::allocation::ResourceKind;
+use rocefabric_node_model::config::Config;
 use rocefabric_node_model::inventory;
 use rocefabric_node_testing::fixtures;
+use rocefabric_node_testing::kubelet_emulator::KubeletEmulator;
 use rocefabric_operator::cli::plan::{self as operator_plan, OutputFormat, PlanArgs};
 
 const WAIT: Duration = Duration::from_secs(20);

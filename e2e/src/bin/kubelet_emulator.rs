@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use clap::Parser;
-use rocefabric_node_testing::kubelet_emulator::KubeletEmulator;
 use rocefabric_kubelet_api::pb;
+use rocefabric_node_testing::kubelet_emulator::KubeletEmulator;
 use serde_json::json;
 
 #[derive(Debug, Parser)]

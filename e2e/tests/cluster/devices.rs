@@ -11,12 +11,12 @@ use kube::api::{Api, DeleteParams, ListParams};
 use kube::{Client, ResourceExt};
 use rocefabric_api::NicSelector;
 use rocefabric_api::constants::{DEFAULT_GPU_RESOURCE, GPU_HCA_RESOURCE, HCA_RESOURCE};
+use rocefabric_e2e::cluster::{FABRIC_NETDEVS, LocalCluster, fixture_node};
 use rocefabric_node_model::allocation::{self, ResourceKind};
 use rocefabric_node_model::config::Config;
-use rocefabric_node_testing::fixtures;
 use rocefabric_node_model::inventory;
 use rocefabric_node_model::model::Inventory;
-use rocefabric_e2e::cluster::{FABRIC_NETDEVS, LocalCluster, fixture_node};
+use rocefabric_node_testing::fixtures;
 use serde_json::json;
 
 use crate::{

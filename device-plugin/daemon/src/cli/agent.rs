@@ -12,7 +12,7 @@ use rocefabric_runtime::{logging, shutdown};
 
 use super::qos::RootArgs;
 use rocefabric_node_model::config::duration_text;
-use rocefabric_qos_agent::agent::{self, Context, NetlinkKernel};
+use rocefabric_qos_agent::agent::{self, AgentContext, NetlinkKernel};
 use rocefabric_qos_agent::apply::Netlink;
 use rocefabric_qos_agent::counters::FabricCounters;
 use rocefabric_qos_agent::dcbnl::DcbOps;
@@ -54,7 +54,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<()> {
         let client = kube::Client::try_default()
             .await
             .context("failed to create a Kubernetes client")?;
-        let ctx = Context::new(
+        let ctx = AgentContext::new(
             client,
             args.node_name.clone(),
             args.roots.roots(),

@@ -43,7 +43,11 @@ pub struct Args {
 
 /// Run `discover`.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    rocefabric_runtime::logging::init("RUST_LOG", "warn", rocefabric_runtime::logging::Format::Text);
+    rocefabric_runtime::logging::init(
+        "RUST_LOG",
+        "warn",
+        rocefabric_runtime::logging::Format::Text,
+    );
 
     let config = match &args.config {
         Some(path) => Config::load(path)?,

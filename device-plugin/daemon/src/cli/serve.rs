@@ -19,7 +19,6 @@ use crate::fabric_source;
 use crate::mode::Mode;
 use crate::serve::{self, ServeOptions};
 
-
 /// Serve `rdma/hca`, the GPUs and `rdma/gpu-hca` to the kubelet (one socket per resource).
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {

@@ -36,8 +36,8 @@ use tokio::sync::watch;
 
 use rocefabric_dra::ledger::Ledger;
 use rocefabric_kubelet_api::device_plugin::{DeviceBackend, ServerError};
-use rocefabric_kubelet_api::socket::inode;
 use rocefabric_kubelet_api::registration::{self, Backoff};
+use rocefabric_kubelet_api::socket::inode;
 use rocefabric_kubelet_api::watcher::{DirEvent, DirWatcher, WatchError};
 use rocefabric_kubelet_api::{self as kubelet};
 use rocefabric_node_model::config::Config;
@@ -389,4 +389,3 @@ pub async fn run(
         None => Ok(()),
     }
 }
-

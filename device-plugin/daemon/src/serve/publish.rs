@@ -11,7 +11,9 @@ use tokio::sync::watch;
 use rocefabric_dra::ledger::Ledger;
 use rocefabric_kubelet_api::device_plugin::{BackendError, DeviceBackend};
 use rocefabric_kubelet_api::{self as kubelet, pb};
-use rocefabric_node_model::allocation::{self, AdvertisedDevice, ContainerAllocation, ResourceKind};
+use rocefabric_node_model::allocation::{
+    self, AdvertisedDevice, ContainerAllocation, ResourceKind,
+};
 use rocefabric_node_model::config::Config;
 use rocefabric_node_model::fabric_view::FabricView;
 use rocefabric_node_model::model::{Health, Inventory};
@@ -69,7 +71,11 @@ pub(super) struct Publisher {
 }
 
 impl Publisher {
-    pub(super) fn new(config: Arc<Config>, metrics: Arc<ServeMetrics>, ledger: Option<Arc<Ledger>>) -> Self {
+    pub(super) fn new(
+        config: Arc<Config>,
+        metrics: Arc<ServeMetrics>,
+        ledger: Option<Arc<Ledger>>,
+    ) -> Self {
         let lists = ResourceKind::enabled_kinds(&config)
             .into_iter()
             .map(|kind| DeviceList {

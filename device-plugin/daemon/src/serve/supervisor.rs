@@ -3,8 +3,8 @@
 //! kubelet restarts.
 
 use std::path::PathBuf;
-use std::time::Duration;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -142,7 +142,10 @@ impl Supervisor {
     }
 
     /// A resource whose registration has been trying for longer than `limit`, and for how long.
-    pub(super) fn unregistered_longer_than(&mut self, limit: Duration) -> Option<(String, Duration)> {
+    pub(super) fn unregistered_longer_than(
+        &mut self,
+        limit: Duration,
+    ) -> Option<(String, Duration)> {
         let now = Instant::now();
         for m in &mut self.resources {
             if m.registration.as_ref().is_some_and(JoinHandle::is_finished) {
@@ -197,4 +200,3 @@ pub(super) async fn sleep_until(deadline: Option<Instant>) {
         None => std::future::pending().await,
     }
 }
-

@@ -8,9 +8,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use httlib_hpack::{Decoder, Encoder};
-use rocefabric_h2_authority::{
-    FRAME_HEADER_LEN, FrameHeader, PREFACE, frame, write_frame,
-};
+use rocefabric_h2_authority::{FRAME_HEADER_LEN, FrameHeader, PREFACE, frame, write_frame};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 

@@ -5,12 +5,12 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use rocefabric_device_plugin::serve::{self, ServeError, ServeOptions};
+use rocefabric_kubelet_api::pb;
 use rocefabric_node_model::config::Config;
 use rocefabric_node_model::fabric_view::FabricView;
 use rocefabric_node_testing::fixtures::{self, FixtureNode};
 use rocefabric_node_testing::kubelet_emulator::{EmulatorError, KubeletEmulator};
-use rocefabric_kubelet_api::pb;
-use rocefabric_device_plugin::serve::{self, ServeError, ServeOptions};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
