@@ -1,6 +1,8 @@
 //! The agent's pure side: conditions, drift, retries, which interfaces it touches, pending nodes.
 
 use super::*;
+use rocefabric_api::conditions::Desired as DesiredCondition;
+use rocefabric_api::{Knob, KnobOutcome, KnobStatus};
 
 #[test]
 fn conditions_name_the_reason() {
