@@ -19,6 +19,8 @@ use rocefabric_api::constants::REGION_ANNOTATION;
 use rocefabric_operator::planner::incremental::Incremental;
 use rocefabric_operator::planner::writes::{region_directory_object, roce_node_object};
 use rocefabric_operator::planner::{Plan, PlanOptions, Write};
+use rocefabric_operator_testing::bench_cluster;
+use rocefabric_operator_testing::objects::agent_status;
 
 #[global_allocator]
 static HEAP: peak_alloc::PeakAlloc = peak_alloc::PeakAlloc;
@@ -47,7 +49,7 @@ fn land(engine: &mut Incremental, plan: &Plan, now: Timestamp) {
             } => {
                 let mut rn = roce_node_object(name, fabric_name, fabric_uid, spec);
                 if !spec.pending {
-                    rn.status = Some(common::applied(spec.fabric_generation, now));
+                    rn.status = Some(agent_status(spec.fabric_generation, true, now));
                 }
                 engine.upsert_roce_node(rn);
             }
@@ -175,7 +177,7 @@ fn main() {
     let mut samples = Vec::new();
     for i in 0..events {
         now += Duration::from_secs(1);
-        let mut p = common::pod(pods + i, namespaces, nodes);
+        let mut p = bench_cluster::pod(pods + i, namespaces, nodes);
         p.metadata.creation_timestamp =
             Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now));
         let (ns, name) = (
@@ -215,7 +217,7 @@ fn main() {
     for i in 0..events {
         now += Duration::from_secs(1);
         let k = (i * 7919) % nodes;
-        let mut n = common::node(k);
+        let mut n = bench_cluster::node(k);
         n.metadata
             .labels
             .as_mut()
@@ -232,7 +234,7 @@ fn main() {
         );
         land(&mut engine, &plan, now);
         let t = Instant::now();
-        engine.upsert_node(common::node(k));
+        engine.upsert_node(bench_cluster::node(k));
         let plan = engine.plan(now);
         join.push(t.elapsed());
         assert!(

@@ -18,6 +18,7 @@ use rocefabric_operator::planner::writes::{
 };
 use rocefabric_operator::planner::{Plan, PlanOptions, World, Write, plan};
 use rocefabric_operator::regions::{Geometry, Request, Slots, allocate};
+use rocefabric_operator_testing::objects::agent_status;
 
 const NODES: usize = 5_000;
 const PODS: usize = 50_000;
@@ -110,7 +111,7 @@ fn apply(world: &mut World, p: &Plan) {
     }
     world.freed = p.freed.clone();
     for rn in &mut world.roce_nodes {
-        rn.status = Some(common::applied(rn.spec.fabric_generation, world.now));
+        rn.status = Some(agent_status(rn.spec.fabric_generation, true, world.now));
     }
 }
 

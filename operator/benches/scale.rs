@@ -1,5 +1,5 @@
 //! The operator at "100,000 nodes and 1,000,000 pods": the real binary against an in-process
-//! API server serving a generated cluster (see `scale/mod.rs`), from a cold start to a
+//! API server serving a generated cluster (see `rocefabric_operator_testing::scale`), from a cold start to a
 //! converged fabric, then single events on the quiet operator. Prints every figure of the
 //! issue with its target; asserts no timing (it fails only when the operator crashes or never
 //! converges).
@@ -9,7 +9,7 @@
 //!
 //! | variable | meaning | default |
 //! |---|---|---|
-//! | `SCALE_NODES`, `SCALE_PODS`, `SCALE_FABRIC_PODS`, `SCALE_NAMESPACES` | the world | 100,000, 1,000,000, 100,000, 1,000 |
+//! | `SCALE_NODES`, `SCALE_PODS`, `SCALE_FABRIC_PODS`, `SCALE_NAMESPACES` | the cluster | 100,000, 1,000,000, 100,000, 1,000 |
 //! | `SCALE_EVENTS` | pod events, and node events (half leave, half rejoin) | 200 |
 //! | `SCALE_EVENT_SECONDS` | time budget of each kind of event (fewer are taken past it) | 600 |
 //! | `SCALE_QUIET_PASSES` | passes with nothing to do | 20 |
@@ -17,21 +17,14 @@
 //! | `SCALE_DEBOUNCE_MS`, `SCALE_RESYNC_SECONDS` | the operator's `--debounce-ms` and `--resync-seconds` | 50, 60 |
 //! | `SCALE_RUST_LOG` | the operator's `RUST_LOG` | info |
 //! | `SCALE_POD_SELECTOR` | the operator's `--pod-label-selector` (e.g. `rocefabric.io/fabric`) | none: every pod |
-// `cargo clippy --all-targets` builds this bench with cfg(test) but no test harness: the shared
-// modules' unit tests (run by tests/scale.rs) drop out and leave their imports unused.
-#![cfg_attr(test, allow(unused_imports))]
-
-#[path = "scale/mod.rs"]
-mod scale;
-
 use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use scale::apiserver::Options;
-use scale::operator::{Heap, Memory, Pass};
-use scale::scenario::{Convergence, Harness, Timed};
-use scale::world::{NodeState, Sizes, World};
+use rocefabric_operator_testing::scale::apiserver::Options;
+use rocefabric_operator_testing::scale::cluster::{GeneratedCluster, NodeState, Sizes};
+use rocefabric_operator_testing::scale::operator::{Heap, Memory, Pass};
+use rocefabric_operator_testing::scale::scenario::{Convergence, Harness, Timed};
 use tokio::time::Instant;
 
 // Counts the harness's own heap, for the per-object costs (the operator is another process).
@@ -97,12 +90,12 @@ fn planner(passes: &[Pass]) -> Vec<Duration> {
 /// What the operator keeps of one generated node and one fabric pod, in heap bytes as
 /// requested (the allocator adds about 16 bytes per block): parsed as its watches parse them
 /// and trimmed as it trims them. The profile behind the memory figure.
-fn object_costs(world: &World) -> anyhow::Result<(usize, usize)> {
+fn object_costs(cluster: &GeneratedCluster) -> anyhow::Result<(usize, usize)> {
     use k8s_openapi::api::core::v1::{Node, Pod};
     const SAMPLE: u32 = 1000;
     let node_json: Vec<String> = (0..SAMPLE)
         .map(|i| {
-            world.node_json(
+            cluster.node_json(
                 i,
                 &NodeState {
                     rv: 1,
@@ -113,9 +106,9 @@ fn object_costs(world: &World) -> anyhow::Result<(usize, usize)> {
         })
         .collect();
     let pod_json: Vec<String> = (0..)
-        .filter(|i| world.initially_fabric(*i))
+        .filter(|i| cluster.initially_fabric(*i))
         .take(SAMPLE as usize)
-        .map(|i| world.pod_json(i, &world.initial_pod(i, 1)))
+        .map(|i| cluster.pod_json(i, &cluster.initial_pod(i, 1)))
         .collect();
     let before = HEAP.current_usage();
     let mut nodes = Vec::with_capacity(node_json.len());
@@ -296,7 +289,7 @@ fn print(f: &Figures) {
     );
     println!();
     println!(
-        "Harness: world generated in {}; converged {} after spawn in {} passes, {} writes; \
+        "Harness: cluster generated in {}; converged {} after spawn in {} passes, {} writes; \
          harness RSS peak {} (now {}); operator warnings: {}.",
         human(f.generated_in),
         human(c.converged),
@@ -331,7 +324,7 @@ async fn run() -> anyhow::Result<()> {
     eprintln!("scale: {sizes:?}, {events} events of each kind, operator {args:?}");
 
     let mut h = Harness::start(
-        World::new(sizes),
+        GeneratedCluster::new(sizes),
         Options::default(),
         Path::new(env!("CARGO_BIN_EXE_rocefabric-operator")),
         &args,
@@ -342,7 +335,7 @@ async fn run() -> anyhow::Result<()> {
     .await?;
     h.progress = true;
     h.watches_only_fabric_pods = std::env::var("SCALE_POD_SELECTOR").is_ok();
-    eprintln!("world generated in {}", human(h.generated_in));
+    eprintln!("cluster generated in {}", human(h.generated_in));
     let convergence = h
         .converge(sizes.nodes as usize, converge_timeout)
         .await
@@ -381,7 +374,7 @@ async fn run() -> anyhow::Result<()> {
         convergence,
         converged_memory,
         converged_heap: h.operator.heap,
-        object_costs: object_costs(&World::new(sizes))?,
+        object_costs: object_costs(&GeneratedCluster::new(sizes))?,
         end_memory: h.operator.memory()?,
         harness_memory: Memory::of("self")?,
         pod_events,

@@ -19,8 +19,9 @@ use proptest::prelude::*;
 use rocefabric_api::constants::REGION_ANNOTATION;
 use rocefabric_operator::planner::incremental::Incremental;
 use rocefabric_operator::planner::{Plan, PlanOptions, World, plan};
+use rocefabric_operator_testing::objects::*;
 use serde_json::Value;
-use support::world::*;
+use support::*;
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -477,7 +478,7 @@ fn sync(engine: &mut Incremental, before: &World, after: &World) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: support::proptest_cases(), ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: rocefabric_operator_testing::proptest_cases(), ..ProptestConfig::default() })]
 
     #[test]
     fn incremental_and_full_plans_are_equal(

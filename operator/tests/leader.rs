@@ -1,13 +1,11 @@
 //! Leader election against the strict mock API server, on paused time.
 
-mod support;
-
 use std::time::Duration;
 
 use http::{Method, StatusCode};
 use rocefabric_operator::leader::{LeaderElector, LeaseConfig, Step};
+use rocefabric_operator_testing::verifier::{ApiServerVerifier, mock_client};
 use serde_json::{Value, json};
-use support::{ApiServer, mock_client};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -29,7 +27,11 @@ fn elector(client: kube::Client, me: &str) -> LeaderElector {
     LeaderElector::new(client, LeaseConfig::new("rocefabric-operator", "ops", me))
 }
 
-async fn step(api: &mut ApiServer, elector: &mut LeaderElector, get_reply: Option<Value>) -> Step {
+async fn step(
+    api: &mut ApiServerVerifier,
+    elector: &mut LeaderElector,
+    get_reply: Option<Value>,
+) -> Step {
     let fut = elector.try_acquire_or_renew();
     let serve = async {
         let get = api.expect(Method::GET, LEASE, &[]).await;
@@ -217,7 +219,7 @@ async fn leader_renews_keeping_acquire_time_and_releases_on_shutdown() {
 async fn leading(
     me: &str,
 ) -> (
-    ApiServer,
+    ApiServerVerifier,
     watch::Receiver<bool>,
     CancellationToken,
     tokio::task::JoinHandle<()>,

@@ -7,7 +7,8 @@ mod support;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use rocefabric_api::constants::{condition, reason};
 use rocefabric_operator::planner::{EventType, NodeAction, Write, plan};
-use support::world::*;
+use rocefabric_operator_testing::objects::*;
+use support::*;
 
 const GPU: (&str, &str) = ("gpu", "h100");
 

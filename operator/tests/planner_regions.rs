@@ -16,7 +16,8 @@ use rocefabric_operator::planner::{
     REGION_REQUEST_INVALID, World, Write, plan,
 };
 use rocefabric_operator::regions::RegionAssignment;
-use support::world::*;
+use rocefabric_operator_testing::objects::*;
+use support::*;
 
 const GI: u64 = 1 << 30;
 const MEMBER: (&str, &str) = ("rocefabric.io/fabric", "f");

@@ -19,7 +19,8 @@ use proptest::prelude::*;
 use rocefabric_api::constants::{REGION_ANNOTATION, REGION_SCHEDULING_GATE};
 use rocefabric_operator::planner::{PlanOptions, World, Write, plan};
 use rocefabric_operator::regions::{FreedRegions, RegionAssignment};
-use support::world::*;
+use rocefabric_operator_testing::objects::*;
+use support::*;
 
 const MEMBER: (&str, &str) = ("rocefabric.io/fabric", "f");
 const APP: (&str, &str) = ("app", "x");
@@ -361,7 +362,7 @@ impl Sim {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: support::proptest_cases(), ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: rocefabric_operator_testing::proptest_cases(), ..ProptestConfig::default() })]
 
     #[test]
     fn no_two_live_pods_overlap_and_no_started_window_changes(

@@ -6,17 +6,14 @@
 //! rejoins, and makes no write in a pass with nothing to do. The full size runs as
 //! `cargo bench -p rocefabric-operator --bench scale`.
 
-#[path = "../benches/scale/mod.rs"]
-mod scale;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::Duration;
 
 use rocefabric_operator::planner::directory::{DIRECTORY_KEY, DirectoryEntry, parse};
-use scale::apiserver::{ApiServer, Options, Resource};
-use scale::scenario::Harness;
-use scale::world::{FABRIC, Sizes, World};
+use rocefabric_operator_testing::scale::apiserver::{ApiServer, Options, Resource};
+use rocefabric_operator_testing::scale::cluster::{FABRIC, GeneratedCluster, Sizes};
+use rocefabric_operator_testing::scale::scenario::Harness;
 use serde_json::Value;
 
 const SIZES: Sizes = Sizes {
@@ -50,13 +47,13 @@ fn regions(server: &ApiServer) -> BTreeMap<(String, String), Region> {
 }
 
 /// Regions are the fabric's, bound to their pod's uid, of distinct ids, and never overlap.
-fn assert_regions_disjoint(server: &ApiServer, world: &World) {
+fn assert_regions_disjoint(server: &ApiServer, cluster: &GeneratedCluster) {
     let regions = regions(server);
     let mut spans: Vec<(u64, u64, &str)> = Vec::new();
     for ((_, name), r) in &regions {
         assert_eq!(r.fabric, FABRIC);
-        let i = World::pod_index(name).expect("a generated name");
-        assert_eq!(r.uid, world.pod_uid(i), "{name}'s region is bound to it");
+        let i = GeneratedCluster::pod_index(name).expect("a generated name");
+        assert_eq!(r.uid, cluster.pod_uid(i), "{name}'s region is bound to it");
         assert!(r.size > 0);
         spans.push((r.base, r.base + r.size, name));
     }
@@ -117,12 +114,12 @@ fn configured(obj: &Value) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_operator_converges_on_a_generated_cluster_and_handles_single_events()
 -> anyhow::Result<()> {
-    let world = World::new(SIZES);
+    let cluster = GeneratedCluster::new(SIZES);
     let args: Vec<String> = ["--debounce-ms", "50", "--resync-seconds", "5"]
         .map(String::from)
         .to_vec();
     let mut h = Harness::start(
-        world.clone(),
+        cluster.clone(),
         Options::default(),
         Path::new(env!("CARGO_BIN_EXE_rocefabric-operator")),
         &args,
@@ -136,7 +133,7 @@ async fn the_operator_converges_on_a_generated_cluster_and_handles_single_events
     assert_eq!(c.census.fabric_pods, SIZES.fabric_pods as usize);
     assert_eq!(c.census.fabric_namespaces, SIZES.namespaces as usize);
     h.settle().await?;
-    assert_regions_disjoint(&h.server, &world);
+    assert_regions_disjoint(&h.server, &cluster);
     assert_directories(&h.server);
 
     // A new fabric pod gets a region of its own and loses its gate.
@@ -146,11 +143,11 @@ async fn the_operator_converges_on_a_generated_cluster_and_handles_single_events
     assert_eq!(census.fabric_pods, SIZES.fabric_pods as usize + 1);
     assert_eq!((census.annotated, census.gated), (census.fabric_pods, 0));
     assert!(regions(&h.server).contains_key(&(ns, name)));
-    assert_regions_disjoint(&h.server, &world);
+    assert_regions_disjoint(&h.server, &cluster);
     assert_directories(&h.server);
 
     // A node that leaves the fabric loses its RoceNode; back in, it is configured again.
-    let node = world.node_name(7);
+    let node = cluster.node_name(7);
     h.node_membership(7, false).await?;
     assert!(
         h.server.object(Resource::RoceNodes, None, &node).is_none(),

@@ -1,7 +1,5 @@
 //! The executor against the strict mock API server: the exact request each planned write sends.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,8 +16,8 @@ use rocefabric_operator::http::Health;
 use rocefabric_operator::metrics::Metrics;
 use rocefabric_operator::planner::writes::{Event, EventType, Write};
 use rocefabric_operator::rate::TokenBucket;
+use rocefabric_operator_testing::verifier::{MANAGED, SSA, mock_client};
 use serde_json::json;
-use support::{MANAGED, SSA, mock_client};
 use tokio::sync::watch;
 
 const ROCENODES: &str = "/apis/rocefabric.io/v1alpha1/rocenodes";
@@ -287,7 +285,7 @@ async fn gate_is_kept_when_the_annotation_write_failed() {
 
 /// The executor removing our gate from `team/w0`, against a fresh mock API server.
 fn remove_gate_of_w0() -> (
-    support::ApiServer,
+    rocefabric_operator_testing::verifier::ApiServerVerifier,
     tokio::task::JoinHandle<Result<Outcome, ApplyError>>,
 ) {
     let (client, api) = mock_client();

@@ -3,8 +3,6 @@
 //! stops renewing it takes the Lease over, configures the fabric, then goes quiet (steady
 //! state); on shutdown it releases the Lease.
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,8 +11,8 @@ use rocefabric_operator::controller::{self, ControllerConfig};
 use rocefabric_operator::http::Health;
 use rocefabric_operator::leader::{LeaderElector, LeaseConfig};
 use rocefabric_operator::metrics::Metrics;
+use rocefabric_operator_testing::fake_cluster::{FakeCluster, Logged};
 use serde_json::json;
-use support::fake::FakeCluster;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -50,7 +48,7 @@ fn objects() -> Vec<serde_json::Value> {
     ]
 }
 
-fn summary(calls: &[support::fake::Logged]) -> Vec<String> {
+fn summary(calls: &[Logged]) -> Vec<String> {
     calls
         .iter()
         .map(|c| format!("{} {}", c.method, c.path))

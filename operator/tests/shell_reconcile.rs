@@ -14,9 +14,10 @@ use rocefabric_api::constants::REGION_SCHEDULING_GATE;
 use rocefabric_operator::controller::{Context, PassSummary, reconcile_once};
 use rocefabric_operator::metrics::Metrics;
 use rocefabric_operator::planner::{PlanOptions, World, plan};
+use rocefabric_operator_testing::objects::{fabric, gated_behind, node, now, with_shared_memory};
+use rocefabric_operator_testing::verifier::{ApiServerVerifier, MANAGED, SSA, mock_client};
 use serde_json::json;
-use support::world::{apply, fabric, gated_behind, node, now, with_shared_memory, world};
-use support::{ApiServer, MANAGED, SSA, mock_client};
+use support::{apply, world};
 
 const ROCENODES: &str = "/apis/rocefabric.io/v1alpha1/rocenodes";
 const STATUS: &str = "/apis/rocefabric.io/v1alpha1/rocefabrics/dgx/status";
@@ -75,7 +76,7 @@ fn fabric_reply() -> serde_json::Value {
     json!({"apiVersion": "rocefabric.io/v1alpha1", "kind": "RoceFabric", "metadata": {"name": "dgx"}, "spec": {}})
 }
 
-async fn expect_roce_node_apply(api: &mut ApiServer, name: &str) {
+async fn expect_roce_node_apply(api: &mut ApiServerVerifier, name: &str) {
     let call = api
         .expect(Method::PATCH, &format!("{ROCENODES}/{name}"), SSA)
         .await;

@@ -1,211 +1,289 @@
-//! A mock API server behind a real `kube::Client`, in the style of controller-rs's
-//! `ApiServerVerifier`: each test states the exact requests it expects (method, path, query,
-//! body), answers them as the API server would, and fails when a call never comes (or comes
-//! when none should).
-//!
-//! [`ApiServer`] is the strict, one-request-at-a-time verifier; [`FakeCluster`] is a small
-//! in-memory API server (lists, long-lived watches, server-side apply, Leases) for the tests
-//! that run the whole controller loop.
+//! The planner's world in the operator's tests: a [`World`] of the objects the testing crate
+//! builds ([`rocefabric_operator_testing::objects`]), a replay of a plan's writes into it (what
+//! the API server holds afterwards, as the watch caches would show it), a fake node agent, and
+//! what a plan wrote. These need the operator's types, so they stay here rather than in the
+//! testing crate (which must not depend on the operator).
+// Each test binary that includes this module uses part of it.
 #![allow(dead_code)]
 
-pub mod fake;
-pub mod world;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use rocefabric_api::constants::{REGION_ANNOTATION, REGION_SCHEDULING_GATE};
+use rocefabric_api::{RoceFabric, RoceNode};
+use rocefabric_operator::planner::writes::{
+    region_directory_name, region_directory_object, roce_node_object,
+};
+use rocefabric_operator::planner::{Event, Plan, PlanOptions, World, Write, plan};
+use rocefabric_operator::regions::RegionAssignment;
+use rocefabric_operator_testing::objects::{T0, agent_status, now, remove_region_gate, ts};
 
-use std::collections::BTreeMap;
-use std::convert::Infallible;
-use std::time::Duration;
-
-use bytes::Bytes;
-use http::{Method, Request, Response, StatusCode};
-use http_body_util::combinators::UnsyncBoxBody;
-use http_body_util::{BodyExt, Full};
-use kube::Client;
-use kube::client::Body;
-use serde_json::{Value, json};
-use tower_test::mock;
-
-/// Response body of the mock: a full body or a stream held open (watches).
-pub type MockBody = UnsyncBoxBody<Bytes, Infallible>;
-type Handle = mock::Handle<Request<Body>, Response<MockBody>>;
-type Responder = mock::SendResponse<Response<MockBody>>;
-
-/// How long a test waits for a request that should come (virtual time with paused clocks).
-pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// A `kube::Client` whose requests reach the returned [`ApiServer`].
-pub fn mock_client() -> (Client, ApiServer) {
-    let (service, handle) = mock::pair::<Request<Body>, Response<MockBody>>();
-    (Client::new(service, "default"), ApiServer { handle })
-}
-
-/// A full response body.
-pub fn full(bytes: impl Into<Bytes>) -> MockBody {
-    Full::new(bytes.into()).boxed_unsync()
-}
-
-/// A JSON response.
-pub fn json_response(status: StatusCode, body: &Value) -> Response<MockBody> {
-    Response::builder()
-        .status(status)
-        .header("content-type", "application/json")
-        .body(full(serde_json::to_vec(body).expect("json encodes")))
-        .expect("valid response")
-}
-
-/// The `Status` body the API server sends with an error code.
-pub fn status_body(code: u16, reason: &str, message: &str) -> Value {
-    json!({
-        "apiVersion": "v1", "kind": "Status", "metadata": {},
-        "status": "Failure", "message": message, "reason": reason, "code": code,
-    })
-}
-
-/// One request as the API server saw it.
-pub struct Call {
-    pub method: Method,
-    pub path: String,
-    pub query: BTreeMap<String, String>,
-    pub content_type: Option<String>,
-    /// The body as JSON (`Null` when empty).
-    pub body: Value,
-    responder: Option<Responder>,
-}
-
-impl std::fmt::Debug for Call {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{} {}?{:?} {}",
-            self.method, self.path, self.query, self.body
-        )
+pub fn world(fabrics: Vec<RoceFabric>, nodes: Vec<Node>, pods: Vec<Pod>) -> World {
+    World {
+        fabrics,
+        nodes,
+        pods,
+        ..World::empty(now())
     }
 }
 
-impl Call {
-    pub(crate) async fn read(request: Request<Body>, responder: Option<Responder>) -> Self {
-        let (parts, body) = request.into_parts();
-        let bytes = body.collect_bytes().await.expect("request body readable");
-        let body = if bytes.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_slice(&bytes)
-                .unwrap_or_else(|e| panic!("request body is not JSON ({e}): {bytes:?}"))
-        };
-        let query = parts
-            .uri
-            .query()
-            .map(|q| {
-                q.split('&')
-                    .filter(|kv| !kv.is_empty())
-                    .map(|kv| {
-                        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-                        (k.to_string(), v.replace("%2F", "/").replace("%3D", "="))
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        Self {
-            method: parts.method,
-            path: parts.uri.path().to_string(),
-            query,
-            content_type: parts
-                .headers
-                .get("content-type")
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_string),
-            body,
-            responder,
-        }
-    }
-
-    /// Whether this request changes state (anything but GET).
-    pub fn is_write(&self) -> bool {
-        self.method != Method::GET
-    }
-
-    /// A query parameter.
-    pub fn q(&self, key: &str) -> Option<&str> {
-        self.query.get(key).map(String::as_str)
-    }
-
-    /// Answer with `status` and `body`.
-    pub fn respond(mut self, status: StatusCode, body: &Value) {
-        if let Some(r) = self.responder.take() {
-            r.send_response(json_response(status, body));
-        }
-    }
-
-    /// Answer 200 with `body`.
-    pub fn ok(self, body: &Value) {
-        self.respond(StatusCode::OK, body);
-    }
-
-    /// Answer 200 with the request body itself (what server-side apply returns, near enough).
-    pub fn echo(self) {
-        let body = self.body.clone();
-        self.ok(&body);
-    }
-
-    /// Answer with an API error.
-    pub fn fail(self, code: u16, reason: &str) {
-        let status = StatusCode::from_u16(code).expect("valid code");
-        let body = status_body(code, reason, &format!("{reason} (mock)"));
-        self.respond(status, &body);
+pub fn opts() -> PlanOptions {
+    PlanOptions {
+        detailed_report: true,
+        ..PlanOptions::default()
     }
 }
 
-/// The strict verifier.
-pub struct ApiServer {
-    handle: Handle,
+/// Apply `plan`'s writes to `world` as the API server would, and carry the allocator memory.
+pub fn apply(world: &mut World, plan: &Plan) {
+    apply_writes(world, &plan.writes);
+    world.freed = plan.freed.clone();
 }
 
-impl ApiServer {
-    /// The next request, or a panic naming what was awaited when none comes within
-    /// [`CALL_TIMEOUT`].
-    pub async fn next(&mut self, awaiting: &str) -> Call {
-        match tokio::time::timeout(CALL_TIMEOUT, self.handle.next_request()).await {
-            Ok(Some((request, responder))) => Call::read(request, Some(responder)).await,
-            Ok(None) => panic!("client gone while awaiting {awaiting}"),
-            Err(_) => panic!("no request came while awaiting {awaiting}"),
-        }
-    }
-
-    /// The next request, asserted to be `method path` with exactly `query`.
-    pub async fn expect(&mut self, method: Method, path: &str, query: &[(&str, &str)]) -> Call {
-        let call = self.next(&format!("{method} {path}")).await;
-        assert_eq!(
-            (&call.method, call.path.as_str()),
-            (&method, path),
-            "unexpected request: {call:?}"
-        );
-        let want: BTreeMap<String, String> = query
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        assert_eq!(call.query, want, "query of {method} {path}");
-        call
-    }
-
-    /// Assert that no request arrives within `within`.
-    pub async fn assert_no_request(&mut self, within: Duration) {
-        if let Ok(Some((request, _))) =
-            tokio::time::timeout(within, self.handle.next_request()).await
-        {
-            let call = Call::read(request, None).await;
-            panic!("expected no request, got {call:?}");
+/// What the API server holds after `writes` succeed, as the watch caches would show it:
+/// server-side apply of a RoceNode sets its labels, owner reference and spec, keeps the rest of
+/// its metadata and its status, and bumps `metadata.generation` when the spec changes; a status
+/// write leaves the fabric's generation alone; removing our gate keeps the others. A write to a
+/// fabric or pod the world does not hold, or a gate removed before the region annotation (the
+/// shell refuses that), fails the test.
+pub fn apply_writes(world: &mut World, writes: &[Write]) {
+    for w in writes {
+        match w {
+            Write::ApplyRoceNode {
+                name,
+                fabric_name,
+                fabric_uid,
+                spec,
+            } => {
+                let mut obj = roce_node_object(name, fabric_name, fabric_uid, spec);
+                match world
+                    .roce_nodes
+                    .iter_mut()
+                    .find(|rn| rn.metadata.name.as_deref() == Some(name))
+                {
+                    Some(rn) => {
+                        if rn.spec != obj.spec {
+                            rn.metadata.generation = Some(rn.metadata.generation.unwrap_or(1) + 1);
+                        }
+                        rn.metadata
+                            .labels
+                            .get_or_insert_default()
+                            .extend(obj.metadata.labels.take().unwrap_or_default());
+                        rn.metadata.owner_references = obj.metadata.owner_references.take();
+                        rn.spec = obj.spec;
+                    }
+                    None => {
+                        obj.metadata.uid = Some(format!("uid-rn-{name}"));
+                        obj.metadata.generation = Some(1);
+                        obj.metadata.creation_timestamp = Some(Time(world.now));
+                        world.roce_nodes.push(obj);
+                    }
+                }
+            }
+            Write::DeleteRoceNode { name } => world
+                .roce_nodes
+                .retain(|rn| rn.metadata.name.as_deref() != Some(name)),
+            Write::ApplyFabricStatus { fabric, status } => {
+                let f = world
+                    .fabrics
+                    .iter_mut()
+                    .find(|f| f.metadata.name.as_deref() == Some(fabric))
+                    .expect("status of a known fabric");
+                f.status = Some(status.clone());
+            }
+            Write::AnnotatePodRegion {
+                namespace,
+                pod,
+                value,
+                ..
+            } => {
+                let p = find_pod(world, namespace, pod);
+                p.metadata
+                    .annotations
+                    .get_or_insert_default()
+                    .insert(REGION_ANNOTATION.into(), value.clone());
+            }
+            Write::RemovePodGate { namespace, pod, .. } => {
+                let p = find_pod(world, namespace, pod);
+                assert!(
+                    p.metadata
+                        .annotations
+                        .as_ref()
+                        .is_some_and(|a| a.contains_key(REGION_ANNOTATION)),
+                    "gate of {namespace}/{pod} removed before its region annotation"
+                );
+                remove_region_gate(p);
+            }
+            Write::ApplyRegionDirectory {
+                namespace,
+                fabric,
+                fabric_uid,
+                data,
+            } => {
+                let obj = region_directory_object(namespace, fabric, fabric_uid, data);
+                world
+                    .config_maps
+                    .retain(|cm| !same_cm(cm, namespace, fabric));
+                world.config_maps.push(obj);
+            }
+            Write::DeleteRegionDirectory { namespace, fabric } => {
+                world
+                    .config_maps
+                    .retain(|cm| !same_cm(cm, namespace, fabric));
+            }
+            Write::Event(_) => {}
         }
     }
 }
 
-/// Query of a server-side apply by the operator.
-pub const SSA: &[(&str, &str)] = &[("fieldManager", "rocefabric-operator"), ("force", "true")];
-/// Query of a merge or JSON patch by the operator.
-pub const MANAGED: &[(&str, &str)] = &[("fieldManager", "rocefabric-operator")];
+fn same_cm(cm: &k8s_openapi::api::core::v1::ConfigMap, namespace: &str, fabric: &str) -> bool {
+    cm.metadata.namespace.as_deref() == Some(namespace)
+        && cm.metadata.name.as_deref() == Some(&region_directory_name(fabric))
+}
 
-/// Sequences a property test runs: 64, or `ROCEFABRIC_PROPTEST_CASES`.
-pub fn proptest_cases() -> u32 {
-    std::env::var("ROCEFABRIC_PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(64)
+fn find_pod<'a>(world: &'a mut World, ns: &str, name: &str) -> &'a mut Pod {
+    world
+        .pods
+        .iter_mut()
+        .find(|p| {
+            p.metadata.namespace.as_deref() == Some(ns) && p.metadata.name.as_deref() == Some(name)
+        })
+        .expect("write to a known pod")
+}
+
+/// Plan, apply, and return the plan.
+pub fn step(world: &mut World) -> Plan {
+    let p = plan(world, &opts());
+    apply(world, &p);
+    p
+}
+
+/// The fake node agent: every RoceNode in `names` reports its spec's generation, applied or failed.
+pub fn agent_reports(world: &mut World, names: &[&str], applied: bool) {
+    for rn in world
+        .roce_nodes
+        .iter_mut()
+        .filter(|rn| names.contains(&rn.metadata.name.as_deref().unwrap_or_default()))
+    {
+        report(rn, applied);
+    }
+}
+
+/// The fake node agent on every RoceNode.
+pub fn agent_reports_all(world: &mut World, applied: bool) {
+    for rn in &mut world.roce_nodes {
+        report(rn, applied);
+    }
+}
+
+fn report(rn: &mut RoceNode, applied: bool) {
+    rn.status = Some(agent_status(rn.spec.fabric_generation, applied, ts(T0)));
+}
+
+/// Nodes given a spec to apply (pending placeholders excluded).
+pub fn applied_nodes(p: &Plan) -> Vec<String> {
+    roce_node_writes(p, false)
+}
+
+/// Nodes given a pending placeholder RoceNode (selected, waiting for their rollout slot).
+pub fn pending_nodes(p: &Plan) -> Vec<String> {
+    roce_node_writes(p, true)
+}
+
+fn roce_node_writes(p: &Plan, pending: bool) -> Vec<String> {
+    p.writes
+        .iter()
+        .filter_map(|w| match w {
+            Write::ApplyRoceNode { name, spec, .. } if spec.pending == pending => {
+                Some(name.clone())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+pub fn deleted_nodes(p: &Plan) -> Vec<String> {
+    p.writes
+        .iter()
+        .filter_map(|w| match w {
+            Write::DeleteRoceNode { name } => Some(name.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+pub fn events(p: &Plan) -> Vec<&Event> {
+    p.writes
+        .iter()
+        .filter_map(|w| match w {
+            Write::Event(e) => Some(e),
+            _ => None,
+        })
+        .collect()
+}
+
+pub fn event_reasons(p: &Plan) -> Vec<String> {
+    events(p).iter().map(|e| e.reason.clone()).collect()
+}
+
+pub fn fabric_of<'a>(world: &'a World, name: &str) -> &'a RoceFabric {
+    world
+        .fabrics
+        .iter()
+        .find(|f| f.metadata.name.as_deref() == Some(name))
+        .expect("known fabric")
+}
+
+/// The status condition `type_` of fabric `name`: (status, reason).
+pub fn condition_of(world: &World, name: &str, type_: &str) -> (String, String) {
+    let st = fabric_of(world, name)
+        .status
+        .as_ref()
+        .expect("fabric has a status");
+    let c = st
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .unwrap_or_else(|| panic!("no {type_} condition"));
+    (c.status.clone(), c.reason.clone())
+}
+
+/// The message of condition `type_` of fabric `name`.
+pub fn condition_message(world: &World, name: &str, type_: &str) -> String {
+    let st = fabric_of(world, name)
+        .status
+        .as_ref()
+        .expect("fabric has a status");
+    st.conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .unwrap_or_else(|| panic!("no {type_} condition"))
+        .message
+        .clone()
+}
+
+pub fn pod_of<'a>(world: &'a World, ns: &str, name: &str) -> &'a Pod {
+    world
+        .pods
+        .iter()
+        .find(|p| {
+            p.metadata.namespace.as_deref() == Some(ns) && p.metadata.name.as_deref() == Some(name)
+        })
+        .expect("known pod")
+}
+
+pub fn region_of(world: &World, ns: &str, name: &str) -> Option<RegionAssignment> {
+    pod_of(world, ns, name)
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(REGION_ANNOTATION))
+        .map(|v| RegionAssignment::parse(v).expect("valid annotation"))
+}
+
+pub fn gated(world: &World, ns: &str, name: &str) -> bool {
+    pod_of(world, ns, name)
+        .spec
+        .as_ref()
+        .and_then(|s| s.scheduling_gates.as_ref())
+        .is_some_and(|g| g.iter().any(|g| g.name == REGION_SCHEDULING_GATE))
 }

@@ -5,9 +5,10 @@ use std::fmt::Write as _;
 
 use serde_json::{Value, json};
 
-use super::request::Resource;
-use super::selector::Selector;
-use super::{Failure, State};
+use super::State;
+use crate::api::failure::Failure;
+use crate::api::resource::Resource;
+use crate::api::selector::Selector;
 
 /// Which objects a list or watch wants, and in which form.
 #[derive(Clone, Debug)]
@@ -172,22 +173,22 @@ impl State {
                 let st = &self.pods.states[i as usize];
                 if st.deleted
                     || (filter.namespace.is_some()
-                        && !filter.wants_namespace(&self.world.namespace(i)))
+                        && !filter.wants_namespace(&self.cluster.namespace(i)))
                     || (!filter.selector.is_empty()
-                        && !filter.selector.matches(&self.world.pod_labels(i, st)))
+                        && !filter.selector.matches(&self.cluster.pod_labels(i, st)))
                 {
                     return None;
                 }
-                Some(filter.form(&self.world.pod_json(i, st)))
+                Some(filter.form(&self.cluster.pod_json(i, st)))
             }
             _ => {
                 let st = &self.nodes.states[i as usize];
                 if !filter.selector.is_empty()
-                    && !filter.selector.matches(&self.world.node_labels(i, st))
+                    && !filter.selector.matches(&self.cluster.node_labels(i, st))
                 {
                     return None;
                 }
-                Some(self.world.node_json(i, st, filter.meta_only))
+                Some(self.cluster.node_json(i, st, filter.meta_only))
             }
         }
     }
@@ -204,14 +205,14 @@ impl State {
             Resource::Pods => {
                 let i = self
                     .pods
-                    .find(&self.world, namespace.unwrap_or_default(), name)
+                    .find(&self.cluster, namespace.unwrap_or_default(), name)
                     .ok_or_else(missing)?;
-                Ok(filter.form(&self.world.pod_json(i, &self.pods.states[i as usize])))
+                Ok(filter.form(&self.cluster.pod_json(i, &self.pods.states[i as usize])))
             }
             Resource::Nodes => {
-                let i = self.world.node_index(name).ok_or_else(missing)?;
+                let i = self.cluster.node_index(name).ok_or_else(missing)?;
                 Ok(self
-                    .world
+                    .cluster
                     .node_json(i, &self.nodes.states[i as usize], filter.meta_only))
             }
             resource => {

@@ -11,8 +11,8 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::changes::ChangeType;
-use super::request::Resource;
 use super::{Shared, State};
+use crate::api::resource::Resource;
 
 /// What an actor will do.
 #[derive(Debug)]

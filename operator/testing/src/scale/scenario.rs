@@ -1,4 +1,4 @@
-//! The scenario both the bench and the test run: serve a generated world, start the operator,
+//! The scenario both the bench and the test run: serve a generated cluster, start the operator,
 //! wait until it has converged, then send single events (a new fabric pod, a node leaving and
 //! rejoining the fabric, an unrelated label change) one at a time, each on a quiet operator,
 //! and time them from the event to the write it causes.
@@ -11,14 +11,14 @@ use k8s_openapi::jiff::Timestamp;
 use tokio::time::Instant;
 
 use super::apiserver::{ApiServer, Census, Options, Resource};
+use super::cluster::{GeneratedCluster, MEMBER_LABEL, NOISE_LABEL};
 use super::operator::{Operator, Pass};
-use super::world::{MEMBER_LABEL, NOISE_LABEL, World};
 
-/// A world being served and the operator running against it.
+/// A generated cluster being served and the operator running against it.
 pub struct Harness {
     pub server: ApiServer,
     pub operator: Operator,
-    /// How long generating the world took.
+    /// How long generating the cluster took.
     pub generated_in: Duration,
     /// Longest wait for any single pass.
     pass_timeout: Duration,
@@ -47,7 +47,7 @@ pub struct Convergence {
     pub synced: Option<Duration>,
     /// The first pass.
     pub first_pass: Pass,
-    /// Spawn to the first pass with nothing to do on a converged world.
+    /// Spawn to the first pass with nothing to do on a converged cluster.
     pub converged: Duration,
     pub passes: usize,
     pub writes: u64,
@@ -81,9 +81,9 @@ impl Timed {
 }
 
 impl Harness {
-    /// Serve `world` and start the operator binary with `args` (after the fixed ones).
+    /// Serve `cluster` and start the operator binary with `args` (after the fixed ones).
     pub async fn start(
-        world: World,
+        cluster: GeneratedCluster,
         options: Options,
         binary: &Path,
         args: &[String],
@@ -91,7 +91,7 @@ impl Harness {
         quiet: Duration,
     ) -> anyhow::Result<Harness> {
         let t = Instant::now();
-        let server = ApiServer::start(world, options).await?;
+        let server = ApiServer::start(cluster, options).await?;
         let generated_in = t.elapsed();
         let dir = tempfile::tempdir().context("failed to make a temp dir")?;
         let kubeconfig = server.write_kubeconfig(dir.path())?;
@@ -121,7 +121,7 @@ impl Harness {
             && c.region_directories == c.fabric_namespaces
     }
 
-    /// Wait for the first pass with nothing to do on a world that is done, within `timeout`.
+    /// Wait for the first pass with nothing to do on a cluster that is done, within `timeout`.
     pub async fn converge(
         &mut self,
         nodes: usize,
@@ -258,7 +258,7 @@ impl Harness {
     /// timed to the RoceNode DELETE or apply.
     pub async fn node_membership(&mut self, i: u32, join: bool) -> anyhow::Result<Timed> {
         self.settle().await?;
-        let name = self.server.world().node_name(i);
+        let name = self.server.cluster().node_name(i);
         let rx = self.server.next_write(Resource::RoceNodes, None, &name);
         let made = (Instant::now(), Timestamp::now());
         self.server
@@ -273,10 +273,10 @@ impl Harness {
     pub async fn unrelated_change(&mut self) -> anyhow::Result<Pass> {
         self.settle().await?;
         self.noise += 1;
-        let world = self.server.world();
+        let cluster = self.server.cluster();
         let fabric = self.watches_only_fabric_pods;
         let i = (self.noise % 64..)
-            .find(|&i| world.initially_fabric(i) == fabric)
+            .find(|&i| cluster.initially_fabric(i) == fabric)
             .context("no pod to touch")?;
         self.server
             .set_pod_label(i, NOISE_LABEL, Some(&self.noise.to_string()));

@@ -39,6 +39,11 @@ impl Resource {
         })
     }
 
+    /// The resource of objects of `kind`.
+    pub fn of_kind(kind: &str) -> Option<Resource> {
+        Resource::ALL.into_iter().find(|r| r.kind() == kind)
+    }
+
     pub fn api_version(self) -> &'static str {
         match self {
             Resource::Pods | Resource::Nodes | Resource::ConfigMaps => "v1",
@@ -138,6 +143,11 @@ impl Query {
 
     pub fn number(&self, key: &str) -> Option<u64> {
         self.get(key).and_then(|v| v.parse().ok())
+    }
+
+    /// The parameters by name.
+    pub fn into_map(self) -> BTreeMap<String, String> {
+        self.0
     }
 }
 

@@ -8,11 +8,14 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use http::Method;
 use serde_json::{Value, json};
 
-use super::Failure;
-use super::changes::Labels;
-use super::request::Resource;
+use super::failure::Failure;
+use super::resource::Resource;
+
+/// Labels of an object, shared between the store and the scale server's change log.
+pub type Labels = Arc<BTreeMap<String, String>>;
 
 /// One stored object.
 #[derive(Clone, Debug)]
@@ -27,7 +30,7 @@ pub type Key = (Resource, String, String);
 
 /// The store.
 #[derive(Debug, Default)]
-pub struct Objects {
+pub struct Store {
     map: BTreeMap<Key, Stored>,
 }
 
@@ -39,6 +42,27 @@ pub enum Write {
     Apply { body: Value, status: bool },
     Merge(Value),
     JsonPatch(Value),
+}
+
+impl Write {
+    /// The write a request asks for, by its method and content type (`status`: a write to the
+    /// status subresource). A delete is no write of this kind.
+    pub fn of_request(
+        method: &Method,
+        content_type: &str,
+        status: bool,
+        body: Value,
+    ) -> Result<Write, Failure> {
+        Ok(match (method, content_type) {
+            (&Method::POST, _) => Write::Create(body),
+            (&Method::PUT, _) => Write::Replace(body),
+            (&Method::PATCH, ct) if ct.contains("apply-patch") => Write::Apply { body, status },
+            (&Method::PATCH, ct) if ct.contains("json-patch") => Write::JsonPatch(body),
+            // Strategic merge acts as a merge patch on the objects stored here.
+            (&Method::PATCH, _) => Write::Merge(body),
+            _ => return Err(Failure::new(405, "MethodNotAllowed", method.as_str())),
+        })
+    }
 }
 
 /// What a write did: the object before and after (`None` when absent).
@@ -125,7 +149,7 @@ fn check_preconditions(current: &Value, patch_meta: &Value) -> Result<(), Failur
     Ok(())
 }
 
-impl Objects {
+impl Store {
     pub fn get(&self, key: &Key) -> Option<&Stored> {
         self.map.get(key)
     }
@@ -278,7 +302,7 @@ mod tests {
 
     #[test]
     fn apply_creates_then_replaces_spec_merges_labels_and_a_no_op_is_no_write() {
-        let mut o = Objects::default();
+        let mut o = Store::default();
         let body =
             json!({"metadata": {"name": "n", "labels": {"a": "1"}}, "spec": {"x": 1, "y": 2}});
         let out = o
@@ -327,7 +351,7 @@ mod tests {
 
     #[test]
     fn replace_and_merge_check_their_preconditions() {
-        let mut o = Objects::default();
+        let mut o = Store::default();
         o.write(&key("l"), Write::Create(json!({"spec": {"h": "a"}})), 5)
             .unwrap();
         let stale = json!({"metadata": {"resourceVersion": "4"}, "spec": {"h": "b"}});

@@ -1,5 +1,5 @@
 //! An in-process Kubernetes API server for the scale harness: HTTP/1.1 on 127.0.0.1, no auth,
-//! serving the generated world (see [`crate::scale::world`]) to the real operator binary.
+//! serving the generated cluster (see [`crate::scale::cluster`]) to the real operator binary.
 //!
 //! Built for size: pods and nodes are generated on read from one small record each, lists are
 //! paged (`limit`/`continue`) or streamed, watches are chunked JSON lines served from a change
@@ -9,16 +9,13 @@
 //! non-pending spec reports its QoS applied shortly after, and a pod whose last gate goes is
 //! bound to a node and running shortly after.
 //!
-//! The harness drives the world through [`ApiServer`] (add pods, change labels) and observes
+//! The harness drives the cluster through [`ApiServer`] (add pods, change labels) and observes
 //! it (when a write on an object arrived, a census of the rollout and regions).
 
 mod changes;
 mod generated;
 mod http;
-mod objects;
 mod read;
-mod request;
-mod selector;
 mod simulate;
 mod watch;
 
@@ -28,53 +25,17 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::sync::{oneshot, watch as tokio_watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::scale::world::{self, NodeState, PodState, World};
-use changes::{Change, ChangeLog, ChangeType, Labels};
+pub use crate::api::resource::Resource;
+use crate::api::resource::Target;
+use crate::api::store::{Labels, Store};
+use crate::scale::cluster::{self, GeneratedCluster, NodeState, PodState};
+use changes::{Change, ChangeLog, ChangeType};
 use generated::{Nodes, Pods};
-use objects::Objects;
-pub use request::Resource;
-
-/// An answer other than success, sent as a `Status` object.
-#[derive(Debug, thiserror::Error)]
-#[error("{code} {reason}: {message}")]
-pub struct Failure {
-    pub code: u16,
-    pub reason: &'static str,
-    pub message: String,
-}
-
-impl Failure {
-    pub fn new(code: u16, reason: &'static str, message: &str) -> Self {
-        Self {
-            code,
-            reason,
-            message: message.to_string(),
-        }
-    }
-
-    pub fn not_found(what: &str) -> Self {
-        Self::new(404, "NotFound", &format!("{what} not found"))
-    }
-
-    pub fn conflict(message: &str) -> Self {
-        Self::new(409, "Conflict", message)
-    }
-
-    pub fn internal(error: impl std::fmt::Display) -> Self {
-        Self::new(500, "InternalError", &error.to_string())
-    }
-
-    fn status_json(&self) -> String {
-        json!({"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
-               "message": self.message, "reason": self.reason, "code": self.code})
-        .to_string()
-    }
-}
 
 /// Knobs of the server.
 #[derive(Clone, Debug)]
@@ -120,11 +81,11 @@ struct Seen {
 
 /// Everything behind the lock.
 pub(crate) struct State {
-    world: World,
+    cluster: GeneratedCluster,
     rv: u64,
     pods: Pods,
     nodes: Nodes,
-    objects: Objects,
+    objects: Store,
     log: ChangeLog,
     latest: tokio_watch::Sender<u64>,
     seen: Seen,
@@ -174,7 +135,7 @@ impl State {
     }
 
     /// Note a request; wake whoever waits for a write on its object.
-    fn saw(&mut self, verb: &'static str, target: &request::Target, at: Instant) {
+    fn saw(&mut self, verb: &'static str, target: &Target, at: Instant) {
         *self
             .seen
             .requests
@@ -204,8 +165,8 @@ impl State {
         let st = &mut self.pods.states[i as usize];
         st.rv = rv;
         let st = st.clone();
-        let labels_before = Arc::new(self.world.pod_labels(i, before));
-        let labels = Arc::new(self.world.pod_labels(i, &st));
+        let labels_before = Arc::new(self.cluster.pod_labels(i, before));
+        let labels = Arc::new(self.cluster.pod_labels(i, &st));
         let kind = if before.deleted {
             ChangeType::Added
         } else if st.deleted {
@@ -213,8 +174,8 @@ impl State {
         } else {
             ChangeType::Modified
         };
-        let object: Arc<str> = self.world.pod_json(i, &st).into();
-        let namespace = self.world.namespace(i);
+        let object: Arc<str> = self.cluster.pod_json(i, &st).into();
+        let namespace = self.cluster.namespace(i);
         self.emit(
             Resource::Pods,
             kind,
@@ -233,9 +194,9 @@ impl State {
         let st = &mut self.nodes.states[i as usize];
         st.rv = rv;
         let st = st.clone();
-        let labels_before = Arc::new(self.world.node_labels(i, before));
-        let labels = Arc::new(self.world.node_labels(i, &st));
-        let object: Arc<str> = self.world.node_json(i, &st, false).into();
+        let labels_before = Arc::new(self.cluster.node_labels(i, before));
+        let labels = Arc::new(self.cluster.node_labels(i, &st));
+        let object: Arc<str> = self.cluster.node_json(i, &st, false).into();
         self.emit(
             Resource::Nodes,
             ChangeType::Modified,
@@ -283,19 +244,21 @@ impl Drop for ApiServer {
 
 /// A pod the harness made.
 #[derive(Clone, Debug)]
-pub struct PodRef {
+pub struct AddedPod {
     pub index: u32,
     pub namespace: String,
     pub name: String,
 }
 
 impl ApiServer {
-    /// Generate `world` (nodes, pods, the fabric) and serve it.
-    pub async fn start(world: World, options: Options) -> anyhow::Result<ApiServer> {
-        let sizes = world.sizes;
+    /// Generate `cluster` (nodes, pods, the fabric) and serve it.
+    pub async fn start(cluster: GeneratedCluster, options: Options) -> anyhow::Result<ApiServer> {
+        let sizes = cluster.sizes;
         let rv = 1;
         let pods = Pods {
-            states: (0..sizes.pods).map(|i| world.initial_pod(i, rv)).collect(),
+            states: (0..sizes.pods)
+                .map(|i| cluster.initial_pod(i, rv))
+                .collect(),
         };
         let nodes = Nodes {
             states: vec![NodeState { rv, labels: None }; sizes.nodes as usize],
@@ -303,11 +266,11 @@ impl ApiServer {
         let (sim, sim_rx) = simulate::Queue::new(options.react_after);
         let (latest_tx, latest_rx) = tokio_watch::channel(rv);
         let mut state = State {
-            world: world.clone(),
+            cluster: cluster.clone(),
             rv,
             pods,
             nodes,
-            objects: Objects::default(),
+            objects: Store::default(),
             log: ChangeLog::new(options.history_bytes, rv),
             latest: latest_tx,
             seen: Seen::default(),
@@ -318,9 +281,9 @@ impl ApiServer {
         let key = (
             Resource::RoceFabrics,
             String::new(),
-            world::FABRIC.to_string(),
+            cluster::FABRIC.to_string(),
         );
-        state.objects.put(&key, world.fabric(), rv);
+        state.objects.put(&key, cluster.fabric(), rv);
         let shared = Arc::new(Shared {
             state: Mutex::new(state),
             latest: latest_rx,
@@ -358,8 +321,8 @@ impl ApiServer {
         Ok(path)
     }
 
-    pub fn world(&self) -> World {
-        self.shared.lock().world.clone()
+    pub fn cluster(&self) -> GeneratedCluster {
+        self.shared.lock().cluster.clone()
     }
 
     /// When the first write of the operator's plan (not a Lease or an Event) arrived.
@@ -402,14 +365,14 @@ impl ApiServer {
     }
 
     /// Add a pod (a gated fabric pod, or a plain one), and [`Self::next_write`] on it.
-    pub fn add_pod(&self, fabric: bool) -> (PodRef, oneshot::Receiver<Instant>) {
+    pub fn add_pod(&self, fabric: bool) -> (AddedPod, oneshot::Receiver<Instant>) {
         let mut st = self.shared.lock();
         let i = u32::try_from(st.pods.states.len()).unwrap_or(u32::MAX);
         let (tx, rx) = oneshot::channel();
         let key = (
             Resource::Pods,
-            st.world.namespace(i),
-            st.world.pod_name(i, fabric),
+            st.cluster.namespace(i),
+            st.cluster.pod_name(i, fabric),
         );
         st.seen.waiters.entry(key).or_default().push(tx);
         let before = PodState {
@@ -424,10 +387,10 @@ impl ApiServer {
             ..before.clone()
         });
         st.pod_changed(i, &before);
-        let pod = PodRef {
+        let pod = AddedPod {
             index: i,
-            namespace: st.world.namespace(i),
-            name: st.world.pod_name(i, fabric),
+            namespace: st.cluster.namespace(i),
+            name: st.cluster.pod_name(i, fabric),
         };
         (pod, rx)
     }
@@ -440,7 +403,7 @@ impl ApiServer {
         };
         let before = pod.clone();
         let changed = pod.changed.get_or_insert_with(Default::default);
-        world::set_override(&mut changed.labels, key, value);
+        cluster::set_override(&mut changed.labels, key, value);
         st.pod_changed(i, &before);
     }
 
@@ -451,7 +414,7 @@ impl ApiServer {
             return;
         };
         let before = node.clone();
-        world::set_override(node.labels.get_or_insert_with(Default::default), key, value);
+        cluster::set_override(node.labels.get_or_insert_with(Default::default), key, value);
         st.node_changed(i, &before);
     }
 
@@ -473,7 +436,7 @@ impl ApiServer {
             c.fabric_pods += 1;
             c.annotated += usize::from(p.region.is_some());
             c.gated += usize::from(p.gated);
-            namespaces.insert(st.world.namespace(u32::try_from(i).unwrap_or(u32::MAX)));
+            namespaces.insert(st.cluster.namespace(u32::try_from(i).unwrap_or(u32::MAX)));
         }
         c.fabric_namespaces = namespaces.len();
         c
@@ -490,8 +453,8 @@ impl ApiServer {
             .map(|(i, p)| {
                 let i = u32::try_from(i).unwrap_or(u32::MAX);
                 (
-                    st.world.namespace(i),
-                    st.world.pod_name(i, true),
+                    st.cluster.namespace(i),
+                    st.cluster.pod_name(i, true),
                     p.region.as_deref().map(str::to_string),
                 )
             })

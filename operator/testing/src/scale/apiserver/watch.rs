@@ -137,10 +137,10 @@ pub async fn serve(
 
 #[cfg(test)]
 mod tests {
-    use super::super::changes::Labels;
-    use super::super::request::Resource;
-    use super::super::selector::Selector;
     use super::*;
+    use crate::api::resource::Resource;
+    use crate::api::selector::Selector;
+    use crate::api::store::Labels;
 
     fn labels(pairs: &[(&str, &str)]) -> Labels {
         Arc::new(

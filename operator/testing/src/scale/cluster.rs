@@ -20,7 +20,7 @@ pub const MEMBER_LABEL: &str = "rocefabric.io/fabric-member";
 /// An unrelated pod label the harness changes to trigger a pass with nothing to do.
 pub const NOISE_LABEL: &str = "example.com/touched";
 
-/// How big the world is.
+/// How big the cluster is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Sizes {
     pub nodes: u32,
@@ -65,9 +65,9 @@ impl Sizes {
     }
 }
 
-/// The generated world: pure functions of an index.
+/// The generated cluster: its nodes, pods and fabric are pure functions of an index.
 #[derive(Clone, Debug)]
-pub struct World {
+pub struct GeneratedCluster {
     pub sizes: Sizes,
     per_namespace: u32,
     stride: u32,
@@ -151,9 +151,9 @@ pub struct NodeState {
 
 const APPS: [&str; 6] = ["web", "api", "worker", "cache", "ingest", "search"];
 
-impl World {
-    pub fn new(sizes: Sizes) -> World {
-        World {
+impl GeneratedCluster {
+    pub fn new(sizes: Sizes) -> GeneratedCluster {
+        GeneratedCluster {
             sizes,
             per_namespace: sizes.pods.div_ceil(sizes.namespaces).max(1),
             stride: sizes
@@ -439,8 +439,8 @@ impl World {
 mod tests {
     use super::*;
 
-    fn world() -> World {
-        World::new(Sizes {
+    fn cluster() -> GeneratedCluster {
+        GeneratedCluster::new(Sizes {
             nodes: 50,
             pods: 1000,
             fabric_pods: 100,
@@ -450,7 +450,7 @@ mod tests {
 
     #[test]
     fn exactly_the_fabric_pods_asked_for_spread_over_every_namespace() {
-        let w = world();
+        let w = cluster();
         let fabric: Vec<u32> = (0..1000).filter(|&i| w.initially_fabric(i)).collect();
         assert_eq!(fabric.len(), 100);
         let namespaces: std::collections::BTreeSet<String> =
@@ -460,14 +460,14 @@ mod tests {
 
     #[test]
     fn generated_objects_are_json_of_a_realistic_size_and_names_round_trip() {
-        let w = world();
+        let w = cluster();
         for i in [0, 7, 999] {
             let st = w.initial_pod(i, 5);
             let text = w.pod_json(i, &st);
             let pod: Value = serde_json::from_str(&text).expect("pod json");
             assert!((1024..=3072).contains(&text.len()), "{} bytes", text.len());
             let name = pod["metadata"]["name"].as_str().unwrap();
-            assert_eq!(World::pod_index(name), Some(i));
+            assert_eq!(GeneratedCluster::pod_index(name), Some(i));
             assert_eq!(pod["metadata"]["resourceVersion"], "5");
         }
         let node: Value =
@@ -485,7 +485,7 @@ mod tests {
     #[test]
     fn the_fabric_is_valid() {
         let fabric: rocefabric_api::RoceFabric =
-            serde_json::from_value(world().fabric()).expect("a RoceFabric");
+            serde_json::from_value(cluster().fabric()).expect("a RoceFabric");
         rocefabric_api::validate::fabric(&fabric).expect("valid");
     }
 }

@@ -2,13 +2,11 @@
 //! byte budget. A watch that asks for a resourceVersion older than what the log still holds is
 //! told `410 Gone` (as etcd compaction makes the API server do), and the watcher lists again.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 
-use super::request::Resource;
-
-/// Labels of an object, shared between the store and the log.
-pub type Labels = Arc<BTreeMap<String, String>>;
+use crate::api::resource::Resource;
+use crate::api::store::Labels;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ChangeType {
@@ -79,7 +77,8 @@ impl ChangeLog {
         Ok(self.entries.range(start..))
     }
 
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.entries.len()
     }
 }

@@ -1,12 +1,12 @@
-//! Generated pods and nodes: one small state record each (see [`crate::world`] for the rest),
+//! Generated pods and nodes: one small state record each (see [`crate::scale::cluster`] for the rest),
 //! and the pod writes the operator sends: a merge patch of annotations or labels with `uid` and
 //! `resourceVersion` preconditions, and the JSON patch that tests and removes the region
 //! scheduling gate.
 
 use serde_json::Value;
 
-use super::Failure;
-use crate::scale::world::{self, Changed, NodeState, PodState, World};
+use crate::api::failure::Failure;
+use crate::scale::cluster::{self, Changed, GeneratedCluster, NodeState, PodState};
 use rocefabric_api::constants::{REGION_ANNOTATION, REGION_SCHEDULING_GATE};
 
 /// Every pod ever made, by index (deleted ones stay, marked).
@@ -23,17 +23,11 @@ pub struct Nodes {
 
 impl Pods {
     /// The index of the live pod `namespace/name`.
-    pub fn find(&self, world: &World, namespace: &str, name: &str) -> Option<u32> {
-        let i = World::pod_index(name)?;
+    pub fn find(&self, cluster: &GeneratedCluster, namespace: &str, name: &str) -> Option<u32> {
+        let i = GeneratedCluster::pod_index(name)?;
         let st = self.states.get(i as usize)?;
-        (!st.deleted && world.pod_name(i, st.fabric) == name && world.namespace(i) == namespace)
+        (!st.deleted && cluster.pod_name(i, st.fabric) == name && cluster.namespace(i) == namespace)
             .then_some(i)
-    }
-}
-
-impl Nodes {
-    pub fn find(&self, world: &World, name: &str) -> Option<u32> {
-        world.node_index(name)
     }
 }
 
@@ -46,14 +40,14 @@ fn unsupported(what: &str) -> Failure {
 }
 
 /// `{key: value-or-null}` into overrides.
-fn overrides(into: &mut world::Overrides, map: &Value) -> Result<(), Failure> {
+fn overrides(into: &mut cluster::Overrides, map: &Value) -> Result<(), Failure> {
     for (k, v) in map.as_object().into_iter().flatten() {
         let v = match v {
             Value::Null => None,
             Value::String(s) => Some(s.clone()),
             _ => return Err(unsupported("non-string label or annotation values")),
         };
-        world::set_override(into, k, v.as_deref());
+        cluster::set_override(into, k, v.as_deref());
     }
     Ok(())
 }

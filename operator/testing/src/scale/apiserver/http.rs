@@ -15,11 +15,12 @@ use tokio::time::Instant;
 
 use super::changes::ChangeType;
 use super::generated;
-use super::objects::{self, Write};
 use super::read::{Cursor, Filter, LIST_CLOSE};
-use super::request::{Query, Resource, Target, route};
-use super::selector::Selector;
-use super::{Failure, Shared, State, watch};
+use super::{Shared, State, watch};
+use crate::api::failure::Failure;
+use crate::api::resource::{Query, Resource, Target, route};
+use crate::api::selector::Selector;
+use crate::api::store::{self, Write};
 
 /// Items rendered per lock when a list is streamed whole (no `limit`).
 const STREAM_PAGE: usize = 1000;
@@ -39,7 +40,7 @@ fn respond(status: u16, body: impl Into<Body>) -> Response {
 }
 
 fn failed(f: &Failure) -> Response {
-    respond(f.code, f.status_json())
+    respond(f.code, f.status().to_string())
 }
 
 async fn handle(AxumState(shared): AxumState<Arc<Shared>>, request: Request) -> Response {
@@ -60,7 +61,7 @@ async fn handle(AxumState(shared): AxumState<Arc<Shared>>, request: Request) -> 
     let content_type = header(header::CONTENT_TYPE).to_string();
     let body = match axum::body::to_bytes(body, MAX_BODY).await {
         Ok(b) => b,
-        Err(e) => return failed(&Failure::new(400, "BadRequest", &e.to_string())),
+        Err(e) => return failed(&Failure::bad_request(&e.to_string())),
     };
     let filter = match Selector::parse(query.get("labelSelector").unwrap_or_default()) {
         Ok(selector) => Filter {
@@ -69,7 +70,7 @@ async fn handle(AxumState(shared): AxumState<Arc<Shared>>, request: Request) -> 
             selector,
             meta_only,
         },
-        Err(e) => return failed(&Failure::new(400, "BadRequest", &e.to_string())),
+        Err(e) => return failed(&Failure::bad_request(&e.to_string())),
     };
     let result = match (&parts.method, target.name.as_deref()) {
         (&Method::GET, None) if query.is_true("watch") => {
@@ -129,7 +130,7 @@ fn list(shared: Arc<Shared>, filter: Filter, query: &Query) -> Response {
     let token = query.get("continue").filter(|c| !c.is_empty());
     let from = match token.map(Cursor::decode) {
         Some(None) => {
-            return failed(&Failure::new(400, "BadRequest", "invalid continue token"));
+            return failed(&Failure::bad_request("invalid continue token"));
         }
         Some(Some(pair)) => Some(pair),
         None => None,
@@ -208,7 +209,7 @@ fn write(
     let body: Value = if body.is_empty() {
         Value::Null
     } else {
-        serde_json::from_slice(body).map_err(|e| Failure::new(400, "BadRequest", &e.to_string()))?
+        serde_json::from_slice(body).map_err(|e| Failure::bad_request(&e.to_string()))?
     };
     match target.resource {
         Resource::Pods => st.write_pod(target, method, content_type, &body),
@@ -233,13 +234,13 @@ impl State {
         let namespace = target.namespace.as_deref().unwrap_or_default();
         let i = self
             .pods
-            .find(&self.world, namespace, name)
+            .find(&self.cluster, namespace, name)
             .ok_or_else(|| Failure::not_found(&format!("pod {namespace}/{name}")))?;
         let before = self.pods.states[i as usize].clone();
         let mut after = before.clone();
         match (method, content_type) {
             (&Method::PATCH, ct) if ct.contains("merge-patch") => {
-                generated::merge_patch(&mut after, &self.world.pod_uid(i), body)?;
+                generated::merge_patch(&mut after, &self.cluster.pod_uid(i), body)?;
             }
             (&Method::PATCH, ct) if ct.contains("json-patch") => {
                 generated::json_patch(&mut after, body)?;
@@ -257,7 +258,7 @@ impl State {
             self.pods.states[i as usize] = after;
             self.pod_changed(i, &before);
         }
-        Ok((200, self.world.pod_json(i, &self.pods.states[i as usize])))
+        Ok((200, self.cluster.pod_json(i, &self.pods.states[i as usize])))
     }
 
     fn write_object(
@@ -271,25 +272,16 @@ impl State {
             .name
             .clone()
             .or_else(|| body["metadata"]["name"].as_str().map(str::to_string))
-            .ok_or_else(|| Failure::new(400, "BadRequest", "no name"))?;
+            .ok_or_else(|| Failure::bad_request("no name"))?;
         let key = (
             target.resource,
             target.namespace.clone().unwrap_or_default(),
             name,
         );
-        let write = match (method, content_type) {
-            (&Method::DELETE, _) => return self.delete_object(&key),
-            (&Method::POST, _) => Write::Create(body),
-            (&Method::PUT, _) => Write::Replace(body),
-            (&Method::PATCH, ct) if ct.contains("apply-patch") => Write::Apply {
-                body,
-                status: target.status,
-            },
-            (&Method::PATCH, ct) if ct.contains("json-patch") => Write::JsonPatch(body),
-            // Strategic merge acts as a merge patch on the objects stored here.
-            (&Method::PATCH, _) => Write::Merge(body),
-            _ => return Err(Failure::new(405, "MethodNotAllowed", method.as_str())),
-        };
+        if method == Method::DELETE {
+            return self.delete_object(&key);
+        }
+        let write = Write::of_request(method, content_type, target.status, body)?;
         let created_status = if matches!(method, &Method::POST) {
             201
         } else {
@@ -330,7 +322,7 @@ impl State {
         Ok((status, stored.json.to_string()))
     }
 
-    fn delete_object(&mut self, key: &objects::Key) -> Result<(u16, String), Failure> {
+    fn delete_object(&mut self, key: &store::Key) -> Result<(u16, String), Failure> {
         let stored = self
             .objects
             .remove(key)
