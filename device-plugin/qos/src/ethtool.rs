@@ -1,14 +1,15 @@
 //! Driver statistics by name (what `ethtool -S IF` prints), over the `SIOCETHTOOL` ioctl.
 //!
-//! Why this module holds `unsafe` (the only one in the workspace): mlx5 exposes its per-priority
-//! pause durations and pause-storm events only as driver statistics, and the kernel hands those out
-//! only through `SIOCETHTOOL` (`ETHTOOL_GSSET_INFO`, `ETHTOOL_GSTRINGS` for `ETH_SS_STATS`,
-//! `ETHTOOL_GSTATS`); ethtool netlink carries standard statistic groups but not driver-private
-//! ones. No well-kept crate offers these calls behind a safe API that keeps the errno (the one
-//! that exists, `below-ethtool`, reports every ioctl failure as the return value `-1` instead of
-//! errno, so EOPNOTSUPP cannot be told apart, and sizes its buffers without headroom); `nix` and
-//! `rustix` only provide unsafe ioctl wrappers. So the ioctl is issued here, in one function
-//! ([`ethtool_ioctl`]), with every buffer allocated in safe Rust and sized by its caller.
+//! Why this module holds `unsafe` (one of the three files the README's Choices list): mlx5 exposes
+//! its per-priority pause durations and pause-storm events only as driver statistics, and the
+//! kernel hands those out only through `SIOCETHTOOL` (`ETHTOOL_GSSET_INFO`, `ETHTOOL_GSTRINGS` for
+//! `ETH_SS_STATS`, `ETHTOOL_GSTATS`); ethtool netlink carries standard statistic groups but not
+//! driver-private ones. No well-kept crate offers these calls behind a safe API that keeps the
+//! errno (the one that exists, `below-ethtool`, reports every ioctl failure as the return value
+//! `-1` instead of errno, so EOPNOTSUPP cannot be told apart, and sizes its buffers without
+//! headroom); `nix` and `rustix` only provide unsafe ioctl wrappers. So the ioctl is issued here,
+//! in one function ([`ethtool_ioctl`]), with every buffer allocated in safe Rust and sized by its
+//! caller.
 //!
 //! Layouts (include/uapi/linux/ethtool.h; the buffers are `Vec<u64>`, so 8-byte aligned):
 //! - `struct ethtool_sset_info { u32 cmd; u32 reserved; u64 sset_mask; u32 data[]; }`: one mask
