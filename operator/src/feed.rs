@@ -10,7 +10,7 @@ use kube::api::PartialObjectMeta;
 use kube::runtime::watcher::Event;
 use rocefabric_api::{RoceFabric, RoceNode};
 
-use crate::controller::AnnotationOverlay;
+use crate::overlay::AnnotationOverlay;
 use crate::planner::incremental::Incremental;
 
 /// One event of one of the five watches (moved along once each, so their sizes may differ).
@@ -99,115 +99,143 @@ impl Feed {
             }
             other => other,
         };
-        let p = &mut self.planner;
-        let l = &mut self.listing;
-        macro_rules! listing {
-            ($event:expr, $slot:ident, $idx:expr, $map:expr, $upsert:expr, $remove:expr, $replace:expr) => {
-                match $event {
-                    Event::Init => {
-                        l.$slot = Some(Vec::new());
-                        false
-                    }
-                    Event::InitApply(obj) => {
-                        l.$slot.get_or_insert_default().push($map(obj));
-                        false
-                    }
-                    Event::InitDone => {
-                        let items = l.$slot.take().unwrap_or_default();
-                        $replace(p, items);
-                        self.synced[$idx] = true;
-                        // The list's pages were parsed and mostly dropped.
-                        crate::heap::give_back();
-                        true
-                    }
-                    Event::Apply(obj) => $upsert(p, $map(obj)),
-                    Event::Delete(obj) => $remove(p, $map(obj)),
-                }
-            };
-        }
         match seen {
-            Seen::Fabric(e) => listing!(
+            Seen::Fabric(e) => self.take(e, |f| f, &FABRICS),
+            Seen::Node(e) => self.take(e, node_of, &NODES),
+            Seen::RoceNode(e) => self.take(
                 e,
-                fabrics,
-                0,
-                |f| f,
-                |p: &mut Incremental, f| {
-                    p.upsert_fabric(f);
-                    true
-                },
-                |p: &mut Incremental, f: RoceFabric| {
-                    p.remove_fabric(name_of(&f.metadata).1);
-                    true
-                },
-                |p: &mut Incremental, items| p.replace_fabrics(items)
-            ),
-            Seen::Node(e) => listing!(
-                e,
-                nodes,
-                1,
-                node_of,
-                |p: &mut Incremental, n| {
-                    p.upsert_node(n);
-                    true
-                },
-                |p: &mut Incremental, n: Node| {
-                    p.remove_node(name_of(&n.metadata).1);
-                    true
-                },
-                |p: &mut Incremental, items| p.replace_nodes(items)
-            ),
-            Seen::RoceNode(e) => listing!(
-                e,
-                roce_nodes,
-                2,
                 |mut n: RoceNode| {
                     crate::trim::roce_node(&mut n);
                     n
                 },
-                |p: &mut Incremental, n| {
-                    p.upsert_roce_node(n);
-                    true
-                },
-                |p: &mut Incremental, n: RoceNode| {
-                    p.remove_roce_node(name_of(&n.metadata).1);
-                    true
-                },
-                |p: &mut Incremental, items| p.replace_roce_nodes(items)
+                &ROCE_NODES,
             ),
-            Seen::Pod(e) => listing!(
+            Seen::Pod(e) => self.take(
                 e,
-                pods,
-                3,
                 |mut pod: Pod| {
                     crate::trim::pod(&mut pod);
                     overlay.patch_one(&mut pod);
                     pod
                 },
-                |p: &mut Incremental, pod| p.upsert_pod(pod),
-                |p: &mut Incremental, pod: Pod| {
-                    let (ns, name) = name_of(&pod.metadata);
-                    p.remove_pod(ns, name)
-                },
-                |p: &mut Incremental, items| p.replace_pods(items)
+                &PODS,
             ),
-            Seen::ConfigMap(e) => listing!(
+            Seen::ConfigMap(e) => self.take(
                 e,
-                config_maps,
-                4,
                 |mut cm: ConfigMap| {
                     crate::trim::config_map(&mut cm);
                     cm
                 },
-                |p: &mut Incremental, cm| p.upsert_config_map(cm),
-                |p: &mut Incremental, cm: ConfigMap| {
-                    let (ns, name) = name_of(&cm.metadata);
-                    p.remove_config_map(ns, name)
-                },
-                |p: &mut Incremental, items| p.replace_config_maps(items)
+                &CONFIG_MAPS,
             ),
         }
     }
+
+    /// Take one event of a kind, its object turned by `map` into what the planner holds: a
+    /// list's objects are buffered and replace the kind's at its end (the kind is then
+    /// synced); single events go to the planner. Returns whether the world changed.
+    fn take<K, T>(&mut self, event: Event<K>, mut map: impl FnMut(K) -> T, kind: &Kind<T>) -> bool {
+        let planner = &mut self.planner;
+        let buffer = (kind.listing)(&mut self.listing);
+        match event {
+            Event::Init => {
+                *buffer = Some(Vec::new());
+                false
+            }
+            Event::InitApply(obj) => {
+                buffer.get_or_insert_default().push(map(obj));
+                false
+            }
+            Event::InitDone => {
+                let items = buffer.take().unwrap_or_default();
+                (kind.replace)(planner, items);
+                self.synced[kind.index] = true;
+                // The list's pages were parsed and mostly dropped.
+                crate::heap::give_back();
+                true
+            }
+            Event::Apply(obj) => (kind.upsert)(planner, map(obj)),
+            Event::Delete(obj) => (kind.remove)(planner, map(obj)),
+        }
+    }
 }
+
+/// How the events of one watched kind reach the planner.
+struct Kind<T> {
+    /// Its place in [`Feed::synced`].
+    index: usize,
+    /// Its buffer while a list is in progress.
+    listing: fn(&mut Listing) -> &mut Option<Vec<T>>,
+    /// An object added or changed; returns whether the world changed.
+    upsert: fn(&mut Incremental, T) -> bool,
+    /// An object deleted; returns whether the world changed.
+    remove: fn(&mut Incremental, T) -> bool,
+    /// A whole list.
+    replace: fn(&mut Incremental, Vec<T>),
+}
+
+const FABRICS: Kind<RoceFabric> = Kind {
+    index: 0,
+    listing: |l| &mut l.fabrics,
+    upsert: |p, f| {
+        p.upsert_fabric(f);
+        true
+    },
+    remove: |p, f| {
+        p.remove_fabric(name_of(&f.metadata).1);
+        true
+    },
+    replace: Incremental::replace_fabrics,
+};
+
+const NODES: Kind<Node> = Kind {
+    index: 1,
+    listing: |l| &mut l.nodes,
+    upsert: |p, n| {
+        p.upsert_node(n);
+        true
+    },
+    remove: |p, n| {
+        p.remove_node(name_of(&n.metadata).1);
+        true
+    },
+    replace: Incremental::replace_nodes,
+};
+
+const ROCE_NODES: Kind<RoceNode> = Kind {
+    index: 2,
+    listing: |l| &mut l.roce_nodes,
+    upsert: |p, n| {
+        p.upsert_roce_node(n);
+        true
+    },
+    remove: |p, n| {
+        p.remove_roce_node(name_of(&n.metadata).1);
+        true
+    },
+    replace: Incremental::replace_roce_nodes,
+};
+
+const PODS: Kind<Pod> = Kind {
+    index: 3,
+    listing: |l| &mut l.pods,
+    upsert: Incremental::upsert_pod,
+    remove: |p, pod| {
+        let (ns, name) = name_of(&pod.metadata);
+        p.remove_pod(ns, name)
+    },
+    replace: Incremental::replace_pods,
+};
+
+const CONFIG_MAPS: Kind<ConfigMap> = Kind {
+    index: 4,
+    listing: |l| &mut l.config_maps,
+    upsert: Incremental::upsert_config_map,
+    remove: |p, cm| {
+        let (ns, name) = name_of(&cm.metadata);
+        p.remove_config_map(ns, name)
+    },
+    replace: Incremental::replace_config_maps,
+};
 
 #[cfg(test)]
 mod tests {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::Method;
-use rocefabric_operator::controller::{self, ControllerConfig};
+use rocefabric_operator::controller::{self, ControllerConfig, Handles};
 use rocefabric_operator::http::Health;
 use rocefabric_operator::leader::{LeaderElector, LeaseConfig};
 use rocefabric_operator::metrics::Metrics;
@@ -73,10 +73,12 @@ async fn follower_is_quiet_then_takes_over_configures_goes_quiet_and_releases() 
     let ctrl = tokio::spawn(controller::run(
         client,
         ControllerConfig::new("op-1"),
-        metrics.clone(),
-        health.clone(),
-        leader_rx.clone(),
-        shutdown.clone(),
+        Handles {
+            metrics: metrics.clone(),
+            health: health.clone(),
+            leader: leader_rx.clone(),
+            shutdown: shutdown.clone(),
+        },
     ));
 
     // A minute as a follower: caches synced, ready, and not one write.
@@ -221,10 +223,12 @@ async fn a_pod_label_selector_filters_only_the_pod_watch() {
             pod_label_selector: Some("rocefabric.io/fabric".into()),
             ..ControllerConfig::new("op-1")
         },
-        Arc::new(Metrics::new()),
-        health.clone(),
-        leader_rx,
-        shutdown.clone(),
+        Handles {
+            metrics: Arc::new(Metrics::new()),
+            health: health.clone(),
+            leader: leader_rx,
+            shutdown: shutdown.clone(),
+        },
     ));
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert!(health.is_ready());

@@ -189,10 +189,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let controller_task = tokio::spawn(controller::run(
         client,
         controller_config,
-        metrics,
-        health,
-        leader_rx,
-        shutdown.clone(),
+        controller::Handles {
+            metrics,
+            health,
+            leader: leader_rx,
+            shutdown: shutdown.clone(),
+        },
     ));
 
     let mut controller_task = controller_task;

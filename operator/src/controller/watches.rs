@@ -1,0 +1,67 @@
+//! The watches: fabrics, nodes (metadata only), RoceNodes and region directories as one
+//! stream, and the pod watch (restarted when the fabrics' pod selectors grow), each event
+//! wrapped for [`crate::feed::Feed::seen`].
+
+use futures::{Stream, StreamExt, stream};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use kube::Client;
+use kube::api::Api;
+use kube::runtime::{WatchStreamExt, watcher};
+use rocefabric_api::constants::FABRIC_LABEL;
+use rocefabric_api::{RoceFabric, RoceNode};
+
+use crate::feed::Seen;
+
+fn seen<K>(
+    events: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+    resource: &'static str,
+    wrap: fn(watcher::Event<K>) -> Seen,
+) -> stream::BoxStream<'static, Result<Seen, (&'static str, watcher::Error)>>
+where
+    K: Send + 'static,
+{
+    events
+        .map(move |e| e.map(wrap).map_err(|error| (resource, error)))
+        .boxed()
+}
+
+/// One stream of the watches' events for [`crate::feed::Feed::seen`].
+pub type Events = stream::BoxStream<'static, Result<Seen, (&'static str, watcher::Error)>>;
+
+/// Start the watches of fabrics, nodes, RoceNodes and region directories, as one stream.
+pub fn watches(client: &Client) -> Events {
+    let all = watcher::Config::default;
+    let fabrics = watcher(Api::<RoceFabric>::all(client.clone()), all()).default_backoff();
+    let roce_nodes = watcher(Api::<RoceNode>::all(client.clone()), all()).default_backoff();
+    let config_maps = watcher(
+        Api::<ConfigMap>::all(client.clone()),
+        all().labels(FABRIC_LABEL),
+    )
+    .default_backoff();
+    // Nodes as metadata only: the planner selects by labels, and full Nodes (images,
+    // conditions) would dominate the operator's memory.
+    let nodes = watcher(
+        Api::<kube::api::PartialObjectMeta<Node>>::all(client.clone()),
+        all(),
+    )
+    .default_backoff();
+    stream::select_all([
+        seen(fabrics, "rocefabrics", Seen::Fabric),
+        seen(nodes, "nodes", Seen::Node),
+        seen(roce_nodes, "rocenodes", Seen::RoceNode),
+        seen(config_maps, "configmaps", Seen::ConfigMap),
+    ])
+    .boxed()
+}
+
+/// Start the pod watch (a list, then events); only pods matching `selector` when given. Started
+/// again when the fabrics' pod selectors grow ([`crate::feed::Feed::take_pod_relist`]): the pods a new
+/// selector picks were dropped when they were listed.
+pub fn pod_watch(client: &Client, selector: Option<&str>) -> Events {
+    let config = match selector {
+        Some(selector) => watcher::Config::default().labels(selector),
+        None => watcher::Config::default(),
+    };
+    let pods = watcher(Api::<Pod>::all(client.clone()), config).default_backoff();
+    seen(pods, "pods", Seen::Pod)
+}

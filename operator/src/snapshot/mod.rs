@@ -1,0 +1,383 @@
+//! Loading Kubernetes objects from files as `kubectl get -o yaml|json` writes them: a `List`
+//! (`kind: List` or any `*List` with `items`), multi-document YAML, or a single object.
+//!
+//! Outside data, so read defensively:
+//! - JSON is streamed: one item is parsed at a time and cut to what the planner reads
+//!   ([`crate::trim`]) before the next, so a `kubectl get pods -A -o json` of a large cluster
+//!   needs memory for the kept fields only. Up to [`MAX_JSON_BYTES`].
+//! - YAML is parsed a document at a time (the parser holds one document), strictly (duplicate
+//!   keys, nesting depth: [`rocefabric_input::yaml`]). Up to [`MAX_YAML_BYTES`].
+//! - Objects are keyed by kind, namespace and name: one given twice is counted once and noted,
+//!   or refused when the two copies differ.
+//! - Names are checked as the API server checks them; type errors name the field path.
+//!
+//! One file per step: `stream` parses (a JSON stream, or YAML documents) and hands each object
+//! to `object`, which identifies it, tells a second copy apart and keeps it.
+
+mod object;
+mod stream;
+
+use std::collections::HashMap;
+use std::io::{BufRead, Read};
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use rocefabric_api::validate::FieldError;
+use rocefabric_api::{RoceFabric, RoceNode};
+use rocefabric_input::read::{self, ReadError, human};
+use rocefabric_input::shown::shown_within;
+use rocefabric_input::yaml;
+use serde::de::DeserializeSeed;
+use serde_json::Value;
+
+use object::Kept;
+use stream::{Meter, Metered, Top};
+
+/// Most notes kept; the rest are counted.
+pub const MAX_NOTES: usize = 20;
+
+/// Largest single object (a List's item, a document): the API server refuses requests over
+/// 3 MiB, so anything larger is not a Kubernetes object, and parsing it whole would cost memory
+/// out of proportion to what is kept.
+pub const MAX_OBJECT_BYTES: u64 = 8 << 20;
+
+/// Largest YAML file loaded: YAML is parsed a whole document at a time.
+pub const MAX_YAML_BYTES: u64 = 256 << 20;
+/// Largest JSON file loaded: JSON is streamed, one object at a time.
+pub const MAX_JSON_BYTES: u64 = 64 << 30;
+
+/// A file that cannot be loaded, naming the file and where in it.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    #[error("{0}")]
+    Read(#[from] ReadError),
+    #[error("{path}: {place}: invalid {format}: {reason}")]
+    Syntax {
+        path: PathBuf,
+        place: String,
+        format: &'static str,
+        reason: String,
+    },
+    #[error("{path}: {place}: {reason}")]
+    Object {
+        path: PathBuf,
+        place: String,
+        reason: String,
+    },
+}
+
+/// The kinds a snapshot holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kind {
+    RoceFabric,
+    Node,
+    Pod,
+    RoceNode,
+    ConfigMap,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::RoceFabric => "RoceFabric",
+            Kind::Node => "Node",
+            Kind::Pod => "Pod",
+            Kind::RoceNode => "RoceNode",
+            Kind::ConfigMap => "ConfigMap",
+        }
+    }
+
+    fn parse(kind: &str) -> Option<Self> {
+        [
+            Kind::RoceFabric,
+            Kind::Node,
+            Kind::Pod,
+            Kind::RoceNode,
+            Kind::ConfigMap,
+        ]
+        .into_iter()
+        .find(|k| k.as_str() == kind)
+    }
+
+    fn namespaced(self) -> bool {
+        matches!(self, Kind::Pod | Kind::ConfigMap)
+    }
+}
+
+/// A fabric the API server would reject, with every reason.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InvalidFabric {
+    pub name: String,
+    pub errors: Vec<FieldError>,
+}
+
+/// Objects loaded from files.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    /// Fabrics that deserialize (valid or not: the planner reports invalid ones).
+    pub fabrics: Vec<RoceFabric>,
+    /// Fabrics too malformed to read as a RoceFabric at all.
+    pub unreadable_fabrics: Vec<InvalidFabric>,
+    pub nodes: Vec<Node>,
+    pub roce_nodes: Vec<RoceNode>,
+    pub pods: Vec<Pod>,
+    pub config_maps: Vec<ConfigMap>,
+    /// Things worth saying that are not errors: objects given twice (the first
+    /// [`MAX_NOTES`], then a count).
+    pub notes: Vec<String>,
+    /// Notes left out past [`MAX_NOTES`].
+    pub notes_left_out: usize,
+    /// Where each object was first seen, and its index in its list (or, for a fabric that could
+    /// not be read, a digest of it), by kind, namespace and name.
+    seen: HashMap<(Kind, String), (String, Kept)>,
+}
+
+impl Snapshot {
+    /// Load every object of `path`, accepting only the kinds in `accept`.
+    pub fn load_file(&mut self, path: &Path, accept: &[Kind]) -> Result<(), SnapshotError> {
+        let mut reader =
+            std::io::BufReader::with_capacity(256 * 1024, read::open_file(path, MAX_JSON_BYTES)?);
+        let io = |source| ReadError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        // JSON (`kubectl get -o json`) starts with `{` or `[`; anything else is YAML.
+        let json = loop {
+            let buf = reader.fill_buf().map_err(io)?;
+            if buf.is_empty() {
+                break false;
+            }
+            if buf.starts_with("\u{feff}".as_bytes()) {
+                reader.consume(3); // a byte order mark: not content
+                continue;
+            }
+            if let Some(offset) = buf.iter().position(|&b| b == 0) {
+                // Neither YAML nor JSON holds a NUL: refuse a binary file or device at once.
+                return Err(SnapshotError::Object {
+                    path: path.to_path_buf(),
+                    place: "file".into(),
+                    reason: format!("not text: a NUL byte at offset {offset}"),
+                });
+            }
+            match buf.iter().position(|b| !b.is_ascii_whitespace()) {
+                Some(i) => break matches!(buf[i], b'{' | b'['),
+                None => {
+                    let n = buf.len();
+                    reader.consume(n);
+                }
+            }
+        };
+        if json {
+            let before = self.len();
+            return match self.load_json(reader, path, accept) {
+                // Flow-style YAML (`{apiVersion: v1, ...}`) starts like JSON: when nothing was
+                // read as JSON, a small regular file gets a second reading as YAML.
+                Err(json @ SnapshotError::Syntax { .. })
+                    if self.len() == before
+                        && std::fs::metadata(path)
+                            .is_ok_and(|m| m.is_file() && m.len() <= MAX_YAML_BYTES) =>
+                {
+                    let text = read::read_file(path, MAX_YAML_BYTES)?;
+                    self.load_str(&text, path, accept).map_err(|_| json)
+                }
+                other => other,
+            };
+        }
+        let mut bytes = Vec::new();
+        reader
+            .take(MAX_YAML_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(io)?;
+        if bytes.len() as u64 > MAX_YAML_BYTES {
+            return Err(SnapshotError::Object {
+                path: path.to_path_buf(),
+                place: "file".into(),
+                reason: format!(
+                    "YAML larger than {} (YAML is parsed a document at a time); give it as JSON \
+                     (`kubectl get -o json`), which is streamed",
+                    human(MAX_YAML_BYTES)
+                ),
+            });
+        }
+        let text = String::from_utf8(bytes).map_err(|e| ReadError::NotUtf8 {
+            path: path.to_path_buf(),
+            offset: e.utf8_error().valid_up_to(),
+        })?;
+        self.load_str(&text, path, accept)
+    }
+
+    /// How many objects are loaded (of every kind).
+    fn len(&self) -> usize {
+        self.fabrics.len()
+            + self.unreadable_fabrics.len()
+            + self.nodes.len()
+            + self.roce_nodes.len()
+            + self.pods.len()
+            + self.config_maps.len()
+    }
+
+    /// Load every object of YAML (or JSON) `text` read from `path`, named in errors.
+    pub fn load_str(
+        &mut self,
+        text: &str,
+        path: &Path,
+        accept: &[Kind],
+    ) -> Result<(), SnapshotError> {
+        let syntax = |document: usize, e: yaml::YamlError| SnapshotError::Syntax {
+            path: path.to_path_buf(),
+            place: format!("document {document}"),
+            format: "YAML",
+            reason: e.message,
+        };
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+        yaml::check_depth(text).map_err(|e| syntax(e.document, e))?;
+        let too_large = |place: &str, line: usize| SnapshotError::Object {
+            path: path.to_path_buf(),
+            place: format!("{place} (line {line})"),
+            reason: format!(
+                "an object larger than {} (the API server refuses anything over 3 MiB)",
+                human(MAX_OBJECT_BYTES)
+            ),
+        };
+        for (n, (first_line, doc)) in yaml::split_documents(text).into_iter().enumerate() {
+            let document = n + 1;
+            let place = format!("document {document}");
+            // A kubectl List is parsed item by item; anything else whole.
+            let (head, items, dedent) = match yaml::split_list(doc, first_line) {
+                Some(list) => (std::borrow::Cow::Owned(list.head), list.items, list.dedent),
+                None if doc.len() as u64 > MAX_OBJECT_BYTES => {
+                    return Err(too_large(&place, first_line));
+                }
+                None => (std::borrow::Cow::Borrowed(doc), Vec::new(), 0),
+            };
+            self.load_document(&head, first_line, path, &place, accept)
+                .map_err(|e| e.unwrap_or_else(|e| syntax(document, e)))?;
+            for (i, (line, item)) in items.into_iter().enumerate() {
+                let place = format!("{place}, item {i}");
+                if item.len() as u64 > MAX_OBJECT_BYTES {
+                    return Err(too_large(&place, line));
+                }
+                let mut values = yaml::documents(&item)
+                    .map_err(|e| syntax(document, yaml::shift_lines(e, line - 1, dedent)))?;
+                let value = values.pop().unwrap_or(Value::Null);
+                self.add(value, path, &place, accept)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Parse one YAML document (its first line is `first_line` of the file): an object, or a
+    /// List whose items are added as they are parsed. Errors are the snapshot's own, or the
+    /// YAML's (with lines counted in the whole file).
+    fn load_document(
+        &mut self,
+        doc: &str,
+        first_line: usize,
+        path: &Path,
+        place: &str,
+        accept: &[Kind],
+    ) -> Result<(), Result<SnapshotError, yaml::YamlError>> {
+        for parsed in yaml_serde::Deserializer::from_str(doc) {
+            let mut failure = None;
+            let seed = Top {
+                snapshot: self,
+                path,
+                place,
+                accept,
+                failure: &mut failure,
+                meter: None,
+            };
+            match (seed.deserialize(parsed), failure) {
+                (_, Some(e)) => return Err(Ok(e)),
+                (Ok(()), None) => {}
+                (Err(e), None) => {
+                    let e = yaml::yaml_error(1, &e);
+                    let e = yaml::with_duplicate_line(e, doc);
+                    return Err(Err(yaml::shift_lines(e, first_line - 1, 0)));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Stream one JSON document: a List's items are added one at a time.
+    fn load_json(
+        &mut self,
+        reader: impl Read,
+        path: &Path,
+        accept: &[Kind],
+    ) -> Result<(), SnapshotError> {
+        let mut failure = None;
+        let meter = Meter::default();
+        meter.start_object();
+        let mut de = serde_json::Deserializer::from_reader(Metered {
+            inner: reader,
+            meter: &meter,
+        });
+        let seed = Top {
+            snapshot: self,
+            path,
+            place: "top level",
+            accept,
+            failure: &mut failure,
+            meter: Some(&meter),
+        };
+        let result = seed.deserialize(&mut de).and_then(|()| de.end());
+        match (failure, result) {
+            (Some(e), _) => Err(e),
+            (None, Ok(())) => Ok(()),
+            (None, Err(e)) => Err(SnapshotError::Syntax {
+                path: path.to_path_buf(),
+                place: format!("line {} column {}", e.line(), e.column()),
+                format: "JSON",
+                reason: shown_within(&strip_position(&e.to_string()), yaml::MAX_MESSAGE_CHARS),
+            }),
+        }
+    }
+}
+
+/// serde_json's message without its trailing "at line L column C" (the place says it).
+fn strip_position(message: &str) -> String {
+    match message.rfind(" at line ") {
+        Some(i) => message[..i].to_string(),
+        None => message.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn streamed_pods_keep_only_what_the_planner_reads() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("pods.json");
+        let pod = serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "a", "namespace": "default", "managedFields": [{"manager": "m"}],
+                "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{}",
+                    "rocefabric.io/region-size": "2Gi"}},
+            "spec": {"containers": [{"name": "c", "image": "i"}], "nodeName": "n1"},
+            "status": {"phase": "Running", "containerStatuses": []}});
+        let list = serde_json::json!({"apiVersion": "v1", "items": [pod], "kind": "List"});
+        std::fs::write(&path, list.to_string()).expect("write");
+        let mut snap = Snapshot::default();
+        snap.load_file(&path, &[Kind::Pod]).expect("loads");
+        let p = &snap.pods[0];
+        assert!(p.metadata.managed_fields.is_none());
+        let annotations = p.metadata.annotations.as_ref().expect("ours kept");
+        assert_eq!(
+            annotations.keys().collect::<Vec<_>>(),
+            ["rocefabric.io/region-size"]
+        );
+        let spec = p.spec.as_ref().expect("spec");
+        assert!(spec.containers.is_empty());
+        assert_eq!(spec.node_name.as_deref(), Some("n1"));
+        assert!(
+            p.status
+                .as_ref()
+                .expect("status")
+                .container_statuses
+                .is_none()
+        );
+    }
+}
