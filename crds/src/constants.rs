@@ -7,17 +7,12 @@ pub const VERSION: &str = "v1alpha1";
 /// `apiVersion` field value of rocefabric objects.
 pub const API_VERSION: &str = "rocefabric.io/v1alpha1";
 
-/// Pod annotation holding the pod's shared memory region (JSON, see `RegionAssignment` in the operator).
-pub const REGION_ANNOTATION: &str = "rocefabric.io/region";
-/// Pod annotation by which a pod asks for a region size other than the fabric's `regionSize`
-/// (a Kubernetes quantity, rounded up to whole regions).
-pub const REGION_SIZE_ANNOTATION: &str = "rocefabric.io/region-size";
-/// Scheduling gate the operator removes once the pod's region annotation is written.
-pub const REGION_SCHEDULING_GATE: &str = "rocefabric.io/region";
-/// Label the operator puts on each RoceNode: the fabric that owns it.
-pub const FABRIC_LABEL: &str = "rocefabric.io/fabric";
-/// Suffix of the per-namespace region directory ConfigMap (`<fabric>-regions`).
-pub const REGION_DIRECTORY_SUFFIX: &str = "-regions";
+// Annotation, gate and label names are defined with the other cross-process formats in
+// `rocefabric-formats` (which the data plane uses without this crate); re-exported here.
+pub use rocefabric_formats::names::{
+    FABRIC_LABEL, REGION_ANNOTATION, REGION_DIRECTORY_SUFFIX, REGION_SCHEDULING_GATE,
+    REGION_SIZE_ANNOTATION,
+};
 
 /// Extended resource of one RDMA HCA (RoCE port).
 pub const HCA_RESOURCE: &str = "rdma/hca";

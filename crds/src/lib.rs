@@ -3,13 +3,16 @@
 //! over them (defaults, the RoCE ToS formula, NIC selection, quantity parsing, condition merging,
 //! client-side validation against the generated CRD schema).
 //!
-//! This crate does no I/O and talks to no API server; the `crdgen` binary prints the CRDs.
+//! This crate does no I/O and talks to no API server; the `crdgen` binary prints the CRDs. The
+//! formats other processes read (the region annotation and directory, the workload environment)
+//! are in `rocefabric-formats`, whose names [`constants`] re-exports.
 
 pub mod conditions;
 pub mod constants;
 pub mod crdgen;
 pub mod errors;
 pub mod fabric;
+pub mod field_error;
 pub mod nic_selector;
 pub mod node;
 pub mod quantity;

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 
 use serde_json::Value;
 
-use crate::validate::FieldError;
+use crate::field_error::FieldError;
 
 /// The fields of `metadata` (ObjectMeta) an object may carry.
 const OBJECT_META_FIELDS: &[&str] = &[

@@ -10,19 +10,7 @@ use serde_json::Value;
 
 use crate::{QosSpec, RoceFabric, quantity, structural};
 
-/// One rejected field: where, and why (the rule's message or the schema violation).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FieldError {
-    /// Dotted path, e.g. `spec.qos.rocePriority`.
-    pub field: String,
-    pub message: String,
-}
-
-impl std::fmt::Display for FieldError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: {}", self.field, self.message)
-    }
-}
+pub use crate::field_error::FieldError;
 
 /// Every reason an object was rejected.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

@@ -66,7 +66,7 @@ fn main() {
     let cfg = Config {
         pod: "bench".into(),
         uid: "u".into(),
-        window: rocefabric_dsm::Assignment {
+        window: rocefabric_dsm::RegionAssignment {
             fabric: "f".into(),
             id: 0,
             base: 0,

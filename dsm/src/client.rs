@@ -9,7 +9,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::directory::{Assignment, Directory, Entry};
+use rocefabric_formats::directory::DirectoryEntry;
+use rocefabric_formats::region::RegionAssignment;
+
+use crate::directory::Directory;
 use crate::endpoint::{Endpoint, Exposed};
 use crate::error::{DsmError, Result};
 use crate::memory::{self, Backing};
@@ -21,7 +24,7 @@ use crate::wire::{self, Hello, Offer, Reply};
 pub struct Config {
     pub pod: String,
     pub uid: String,
-    pub window: Assignment,
+    pub window: RegionAssignment,
     pub directory: PathBuf,
     pub hca: String,
     pub port: u8,
@@ -205,7 +208,7 @@ impl Dsm {
     }
 
     /// This pod's window.
-    pub fn window(&self) -> &Assignment {
+    pub fn window(&self) -> &RegionAssignment {
         &self.cfg.window
     }
 
@@ -463,7 +466,7 @@ impl Dsm {
 
     /// Ensure a live connection to the owner `e`, checking its uid against the directory: a cached
     /// connection to another pod instance is dropped, never used.
-    fn connect(&mut self, e: &Entry) -> Result<()> {
+    fn connect(&mut self, e: &DirectoryEntry) -> Result<()> {
         if let Some(c) = self.conns.get(&e.pod) {
             if e.uid.as_ref().is_none_or(|u| *u == c.offer.uid)
                 && c.offer.base == e.base

@@ -1,13 +1,18 @@
 //! Reading what a pod already has (pure parsers; the CLI feeds them flags, files and variables):
 //! the device plugin's `NCCL_IB_HCA` / `NCCL_IB_GID_INDEX` / `NCCL_IB_TC`, and addresses.
 
-use crate::directory::Directory;
+use rocefabric_formats::env::{
+    NCCL_IB_GID_INDEX, NCCL_IB_HCA, NCCL_IB_TC, POD_NAME, POD_UID, ROCEFABRIC_DIRECTORY,
+    ROCEFABRIC_DSM_PORT, ROCEFABRIC_HCA, ROCEFABRIC_REGION_FILE,
+};
+
+use crate::directory::{self, Directory};
 use crate::error::{DsmError, Result};
 
 /// The first HCA port of an `NCCL_IB_HCA` value (`=mlx5_0:1,mlx5_3:1`, `mlx5_0`, `^mlx5_1` is an
 /// exclusion list and names no device to use).
 pub fn hca_from_nccl(value: &str) -> Result<(String, u8)> {
-    let bad = |why: &str| DsmError::input("NCCL_IB_HCA", value, why);
+    let bad = |why: &str| DsmError::input(NCCL_IB_HCA, value, why);
     let v = value.trim();
     if v.starts_with('^') {
         return Err(bad("an exclusion list names no device: pass --hca"));
@@ -142,25 +147,25 @@ impl Inputs {
     /// `POD_NAME`, `POD_UID` override.
     pub fn from_env() -> Result<Inputs> {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-        let port = match var("ROCEFABRIC_DSM_PORT") {
+        let port = match var(ROCEFABRIC_DSM_PORT) {
             Some(p) => p
                 .parse()
-                .map_err(|_| DsmError::input("ROCEFABRIC_DSM_PORT", p, "not a port"))?,
+                .map_err(|_| DsmError::input(ROCEFABRIC_DSM_PORT, p, "not a port"))?,
             None => DEFAULT_PORT,
         };
         Ok(Inputs {
-            region_file: var("ROCEFABRIC_REGION_FILE")
+            region_file: var(ROCEFABRIC_REGION_FILE)
                 .unwrap_or_else(|| DEFAULT_REGION_FILE.into())
                 .into(),
-            directory: var("ROCEFABRIC_DIRECTORY")
+            directory: var(ROCEFABRIC_DIRECTORY)
                 .unwrap_or_else(|| DEFAULT_DIRECTORY.into())
                 .into(),
-            hca: var("ROCEFABRIC_HCA"),
-            nccl_ib_hca: var("NCCL_IB_HCA"),
-            gid_index: var("NCCL_IB_GID_INDEX"),
-            traffic_class: var("NCCL_IB_TC"),
-            pod: var("POD_NAME"),
-            uid: var("POD_UID"),
+            hca: var(ROCEFABRIC_HCA),
+            nccl_ib_hca: var(NCCL_IB_HCA),
+            gid_index: var(NCCL_IB_GID_INDEX),
+            traffic_class: var(NCCL_IB_TC),
+            pod: var(POD_NAME),
+            uid: var(POD_UID),
             listen: std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
             port,
             hugepages: None,
@@ -175,13 +180,13 @@ impl Inputs {
         let text = rocefabric_input::read::read_file(&self.region_file, 1 << 20).map_err(|e| {
             DsmError::input(&field, "", format!("cannot read this pod's region annotation (is the pod in a fabric with sharedMemory?): {e}"))
         })?;
-        let window = crate::Assignment::parse(&field, &text)?;
+        let window = directory::parse_assignment(&field, &text)?;
         let (hca, port) = match (&self.hca, &self.nccl_ib_hca) {
             (Some(h), _) => hca_port(h)?,
             (None, Some(n)) => hca_from_nccl(n)?,
             (None, None) => {
                 return Err(DsmError::input(
-                    "NCCL_IB_HCA",
+                    NCCL_IB_HCA,
                     "",
                     "unset: request rdma/hca or pass --hca",
                 ));
@@ -190,12 +195,12 @@ impl Inputs {
         let gid = self
             .gid_index
             .as_deref()
-            .ok_or_else(|| DsmError::input("NCCL_IB_GID_INDEX", "", "unset: pass --gid-index"))?;
-        let gid_index = u32::try_from(number("NCCL_IB_GID_INDEX", gid)?)
-            .map_err(|_| DsmError::input("NCCL_IB_GID_INDEX", gid, "too large"))?;
+            .ok_or_else(|| DsmError::input(NCCL_IB_GID_INDEX, "", "unset: pass --gid-index"))?;
+        let gid_index = u32::try_from(number(NCCL_IB_GID_INDEX, gid)?)
+            .map_err(|_| DsmError::input(NCCL_IB_GID_INDEX, gid, "too large"))?;
         let traffic_class = match self.traffic_class.as_deref() {
-            Some(t) => u8::try_from(number("NCCL_IB_TC", t)?)
-                .map_err(|_| DsmError::input("NCCL_IB_TC", t, "must be 0..255"))?,
+            Some(t) => u8::try_from(number(NCCL_IB_TC, t)?)
+                .map_err(|_| DsmError::input(NCCL_IB_TC, t, "must be 0..255"))?,
             None => 0,
         };
         let pod = match self.pod {
@@ -203,7 +208,7 @@ impl Inputs {
             None => std::fs::read_to_string("/proc/sys/kernel/hostname")
                 .map(|h| h.trim().to_string())
                 .map_err(|e| {
-                    DsmError::input("POD_NAME", "", format!("unset and no host name: {e}"))
+                    DsmError::input(POD_NAME, "", format!("unset and no host name: {e}"))
                 })?,
         };
         let uid = match (self.uid, &window.uid) {
@@ -218,7 +223,7 @@ impl Inputs {
             (None, Some(w)) => w.clone(),
             (None, None) => {
                 return Err(DsmError::input(
-                    "POD_UID",
+                    POD_UID,
                     "",
                     "unset and the annotation has no uid",
                 ));

@@ -3,77 +3,42 @@
 //! `<fabric>-regions` ConfigMap, key `regions.json`), and the lookup from a global address to the
 //! pod that owns it, bounds-checked before anything is posted.
 
-use serde::Deserialize;
+use rocefabric_formats::directory::{self, DirectoryEntry};
+use rocefabric_formats::region::RegionAssignment;
 
 use crate::error::{DsmError, Result};
 
-/// This pod's window `[base, base + size)` of the fabric's address space.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
-pub struct Assignment {
-    pub fabric: String,
-    pub id: u32,
-    pub base: u64,
-    pub size: u64,
-    /// The pod the operator wrote it for (absent in annotations older than the uid binding).
-    #[serde(default)]
-    pub uid: Option<String>,
-}
-
-impl Assignment {
-    /// Parse the annotation text; `field` names where it came from (a file path or variable).
-    pub fn parse(field: &str, text: &str) -> Result<Self> {
-        let a: Assignment = serde_json::from_str(text.trim()).map_err(|e| {
-            DsmError::input(field, text.trim(), format!("not a region annotation: {e}"))
-        })?;
-        if a.size == 0 || a.base.checked_add(a.size).is_none() {
-            return Err(DsmError::input(
-                field,
-                text.trim(),
-                "size must be positive and base + size fit in 64 bits",
-            ));
-        }
-        Ok(a)
+/// Parse this pod's annotation text into its window `[base, base + size)`; `field` names where
+/// it came from (a file path or variable). Refuses an empty window or one past the 64-bit space.
+pub fn parse_assignment(field: &str, text: &str) -> Result<RegionAssignment> {
+    let a = RegionAssignment::parse(text.trim()).map_err(|e| {
+        DsmError::input(
+            field,
+            text.trim(),
+            format!("not a region annotation: {}", e.reason),
+        )
+    })?;
+    if a.size == 0 || a.base.checked_add(a.size).is_none() {
+        return Err(DsmError::input(
+            field,
+            text.trim(),
+            "size must be positive and base + size fit in 64 bits",
+        ));
     }
-
-    /// One past the last byte.
-    pub fn end(&self) -> u64 {
-        self.base + self.size
-    }
-}
-
-/// One window of the directory: who holds it and where to reach them.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Entry {
-    pub pod: String,
-    #[serde(default)]
-    pub node: Option<String>,
-    #[serde(default, rename = "podIP")]
-    pub pod_ip: Option<String>,
-    pub id: u32,
-    pub base: u64,
-    pub size: u64,
-    #[serde(default)]
-    pub uid: Option<String>,
-}
-
-impl Entry {
-    pub fn end(&self) -> u64 {
-        self.base.saturating_add(self.size)
-    }
+    Ok(a)
 }
 
 /// A namespace's windows, sorted by base, disjoint.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Directory {
-    entries: Vec<Entry>,
+    entries: Vec<DirectoryEntry>,
 }
 
 impl Directory {
     /// Parse `regions.json`. Overlapping windows are refused: the operator never writes them, so
     /// seeing one means the input is not the operator's directory.
     pub fn parse(field: &str, text: &str) -> Result<Self> {
-        let mut entries: Vec<Entry> = serde_json::from_str(text).map_err(|e| {
+        let mut entries = directory::parse(text).map_err(|e| {
             DsmError::input(field, snippet(text), format!("not a region directory: {e}"))
         })?;
         // A window past the 64-bit space would hide an overlap behind a saturated end.
@@ -110,17 +75,17 @@ impl Directory {
         Ok(Directory { entries })
     }
 
-    pub fn entries(&self) -> &[Entry] {
+    pub fn entries(&self) -> &[DirectoryEntry] {
         &self.entries
     }
 
     /// The entry of a pod by name.
-    pub fn pod(&self, name: &str) -> Option<&Entry> {
+    pub fn pod(&self, name: &str) -> Option<&DirectoryEntry> {
         self.entries.iter().find(|e| e.pod == name)
     }
 
     /// The owner of `[addr, addr + len)`, or why there is none. `len` 0 is checked as 1 byte.
-    pub fn owner(&self, addr: u64, len: u64) -> Result<&Entry> {
+    pub fn owner(&self, addr: u64, len: u64) -> Result<&DirectoryEntry> {
         let i = self.entries.partition_point(|e| e.base <= addr);
         let Some(e) = i
             .checked_sub(1)
@@ -218,7 +183,7 @@ mod tests {
 
     #[test]
     fn the_annotation_is_read_with_or_without_uid() {
-        let a = Assignment::parse(
+        let a = parse_assignment(
             "region",
             r#"{"fabric":"f","id":3,"base":12288,"size":4096,"uid":"u1"}"#,
         )
@@ -227,16 +192,16 @@ mod tests {
             (a.base, a.end(), a.uid.as_deref()),
             (12288, 16384, Some("u1"))
         );
-        let a = Assignment::parse("region", r#"{"fabric":"f","id":0,"base":0,"size":1}"#).unwrap();
+        let a = parse_assignment("region", r#"{"fabric":"f","id":0,"base":0,"size":1}"#).unwrap();
         assert_eq!(a.uid, None);
-        let e = Assignment::parse("/etc/podinfo/region", "")
+        let e = parse_assignment("/etc/podinfo/region", "")
             .unwrap_err()
             .to_string();
         assert!(
             e.starts_with("/etc/podinfo/region \"\": not a region annotation"),
             "{e}"
         );
-        let e = Assignment::parse("r", r#"{"fabric":"f","id":0,"base":0,"size":0}"#).unwrap_err();
+        let e = parse_assignment("r", r#"{"fabric":"f","id":0,"base":0,"size":0}"#).unwrap_err();
         assert!(e.to_string().contains("size must be positive"));
     }
 

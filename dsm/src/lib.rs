@@ -53,5 +53,7 @@ pub mod verbs;
 pub mod wire;
 
 pub use client::{Access, Config, Dsm, Stats};
-pub use directory::{Assignment, Directory, Entry};
+pub use directory::Directory;
 pub use error::DsmError;
+// The shared formats of `Config::window` and `Directory::entries`.
+pub use rocefabric_formats::{directory::DirectoryEntry, region::RegionAssignment};

@@ -77,12 +77,12 @@ pub const TARGETS: &[Target] = &[
     },
     Target {
         name: "region_annotation",
-        covers: "the rocefabric.io/region annotation: operator RegionAssignment::parse, data plane Assignment::parse",
+        covers: "the rocefabric.io/region annotation: formats RegionAssignment::parse (the operator's), data plane parse_assignment",
         run: regions::region_annotation,
     },
     Target {
         name: "region_directory",
-        covers: "the regions.json directory: operator planner::directory::parse, data plane Directory::parse and owner lookup",
+        covers: "the regions.json directory: formats directory::parse and render (the operator's), data plane Directory::parse and owner lookup",
         run: regions::region_directory,
     },
     Target {

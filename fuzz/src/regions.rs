@@ -1,9 +1,9 @@
 //! The shared memory address space: the region annotation, the region directory, quantities.
 
 use rocefabric_api::quantity::parse_bytes;
-use rocefabric_dsm::directory::{Assignment, Directory};
-use rocefabric_operator::planner::directory::{self as planner_directory, DirectoryEntry};
-use rocefabric_operator::regions::RegionAssignment;
+use rocefabric_dsm::directory::{Directory, parse_assignment};
+use rocefabric_formats::directory::{self as formats_directory, DirectoryEntry};
+use rocefabric_formats::region::RegionAssignment;
 
 use crate::text;
 
@@ -23,9 +23,13 @@ pub fn region_annotation(data: &[u8]) {
             // A uid taken from the input, to exercise escaping.
             let uid = text.rsplit('"').next().unwrap_or_default();
             let bound = a.to_annotation_of(Some(uid));
-            assert_eq!(RegionAssignment::parse(&bound).as_ref(), Ok(&a));
+            let bound_a = RegionAssignment {
+                uid: Some(uid.to_string()),
+                ..a.clone()
+            };
+            assert_eq!(RegionAssignment::parse(&bound).as_ref(), Ok(&bound_a));
             let usable = a.size > 0 && a.base.checked_add(a.size).is_some();
-            match Assignment::parse("annotation", &bound) {
+            match parse_assignment("annotation", &bound) {
                 Ok(d) => {
                     assert!(usable, "data plane took an unusable window: {bound}");
                     assert_eq!(
@@ -41,7 +45,7 @@ pub fn region_annotation(data: &[u8]) {
             }
         }
     }
-    match Assignment::parse("annotation", &text) {
+    match parse_assignment("annotation", &text) {
         Ok(a) => {
             assert!(a.size > 0 && a.end() > a.base, "{a:?}");
         }
@@ -55,10 +59,10 @@ pub fn region_annotation(data: &[u8]) {
 /// the planner is accepted by the data plane.
 pub fn region_directory(data: &[u8]) {
     let text = text(data);
-    if let Some(entries) = planner_directory::parse(&text) {
-        let rendered = planner_directory::render(&entries);
+    if let Ok(entries) = formats_directory::parse(&text) {
+        let rendered = formats_directory::render(&entries);
         assert_eq!(
-            planner_directory::parse(&rendered).as_ref(),
+            formats_directory::parse(&rendered).ok().as_ref(),
             Some(&entries),
             "directory round trip"
         );

@@ -5,7 +5,8 @@
 //! (first + len) * regionSize)`. Ids therefore never collide between live regions, and keeping
 //! a freed id out of use for a grace period keeps its whole window out of use.
 //!
-//! The pod annotation ([`RegionAssignment`]) is the source of truth. [`allocate`] rebuilds the
+//! The pod annotation ([`RegionAssignment`], defined with the other cross-process formats in
+//! `rocefabric-formats`) is the source of truth. [`allocate`] rebuilds the
 //! slot map from the existing claims, oldest pod first (an overlapping younger claim loses), then
 //! marks windows still in their grace period, then hands out first-fit windows to the pods that
 //! have none, in the order given. The same claims always give the same map.
@@ -15,50 +16,8 @@ use std::time::Duration;
 use k8s_openapi::jiff::Timestamp;
 use rocefabric_api::SharedMemorySpec;
 use rocefabric_api::quantity;
+use rocefabric_formats::region::RegionAssignment;
 use serde::{Deserialize, Serialize};
-
-/// The value of the pod annotation `rocefabric.io/region`: the pod's window in the fabric's
-/// address space, `[base, base + size)`.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct RegionAssignment {
-    /// The fabric whose address space this is.
-    pub fabric: String,
-    /// The region id: the index of its first slot.
-    pub id: u32,
-    /// First byte of the window.
-    pub base: u64,
-    /// Bytes in the window (a whole number of regions).
-    pub size: u64,
-}
-
-impl RegionAssignment {
-    /// The annotation text (compact JSON, fields in the order fabric, id, base, size).
-    pub fn to_annotation(&self) -> String {
-        serde_json::to_string(self)
-            .unwrap_or_else(|_| unreachable!("a struct of strings and integers serializes"))
-    }
-
-    /// The annotation text bound to the pod `uid`: the same object with `"uid"` last. A copy of
-    /// the annotation on another pod (an exported manifest) is then recognised and never honoured.
-    pub fn to_annotation_of(&self, uid: Option<&str>) -> String {
-        let mut text = self.to_annotation();
-        if let Some(uid) = uid {
-            text.pop(); // the closing brace of the compact object
-            text.push_str(",\"uid\":");
-            text.push_str(&serde_json::Value::from(uid).to_string());
-            text.push('}');
-        }
-        text
-    }
-
-    /// Parse an annotation value.
-    pub fn parse(value: &str) -> Result<Self, RegionError> {
-        serde_json::from_str(value).map_err(|e| RegionError::BadAnnotation {
-            value: value.to_string(),
-            reason: e.to_string(),
-        })
-    }
-}
 
 /// What can be wrong with a fabric's geometry, a size request or a recorded claim.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -187,13 +146,14 @@ impl Geometry {
         self.slots_for(requested)
     }
 
-    /// The assignment of `slots` in `fabric`.
+    /// The assignment of `slots` in `fabric`, not yet bound to a pod.
     pub fn assignment(&self, fabric: &str, slots: Slots) -> RegionAssignment {
         RegionAssignment {
             fabric: fabric.to_string(),
             id: slots.first,
             base: u64::from(slots.first) * self.region_size,
             size: u64::from(slots.len) * self.region_size,
+            uid: None,
         }
     }
 

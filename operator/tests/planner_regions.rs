@@ -7,15 +7,16 @@ mod support;
 use std::time::Duration;
 
 use rocefabric_api::constants::{condition, reason};
+use rocefabric_formats::directory::{self, DirectoryEntry};
+use rocefabric_formats::names::DIRECTORY_KEY;
+use rocefabric_formats::region::RegionAssignment;
 use rocefabric_operator::planner::directory::{
-    self, DIRECTORY_KEY, DOCUMENTED_REGIONS_PER_NAMESPACE, DirectoryEntry, MAX_DIRECTORY_BYTES,
-    MAX_ENTRY_BYTES,
+    DOCUMENTED_REGIONS_PER_NAMESPACE, MAX_DIRECTORY_BYTES, MAX_ENTRY_BYTES,
 };
 use rocefabric_operator::planner::{
     EventType, PlanOptions, REGION_CONFLICT, REGION_DIRECTORY_TOO_LARGE, REGION_QUOTA_EXCEEDED,
     REGION_REQUEST_INVALID, World, Write, plan,
 };
-use rocefabric_operator::regions::RegionAssignment;
 use rocefabric_operator_testing::objects::*;
 use support::*;
 
@@ -81,7 +82,8 @@ fn each_pod_is_annotated_before_its_gate_is_removed() {
             fabric: "f".into(),
             id: 0,
             base: 0,
-            size: GI
+            size: GI,
+            uid: Some("uid-ns-running".into()),
         })
     );
     assert_eq!(
@@ -90,7 +92,8 @@ fn each_pod_is_annotated_before_its_gate_is_removed() {
             fabric: "f".into(),
             id: 1,
             base: GI,
-            size: GI
+            size: GI,
+            uid: Some("uid-ns-gated".into()),
         })
     );
     assert!(!gated(&w, "ns", "gated"));
@@ -188,7 +191,8 @@ fn a_size_request_gets_contiguous_whole_regions() {
             fabric: "f".into(),
             id: 1,
             base: GI,
-            size: 3 * GI
+            size: 3 * GI,
+            uid: Some("uid-ns-big".into()),
         })
     );
     assert_eq!(region_of(&w, "ns", "after").unwrap().id, 4);
@@ -387,6 +391,7 @@ fn two_pods_claiming_one_window_the_older_keeps_it() {
         id: 1,
         base: GI,
         size: GI,
+        uid: None,
     }
     .to_annotation();
     let pods = vec![
@@ -645,6 +650,7 @@ fn a_recorded_region_stays_with_its_fabric_even_when_invalid() {
         id: 2,
         base: 2 * GI,
         size: GI,
+        uid: None,
     }
     .to_annotation();
     let pods = vec![with_annotation(
@@ -740,6 +746,7 @@ fn after_a_takeover_new_windows_wait_one_grace_period() {
                 id: 1,
                 base: GI,
                 size: GI,
+                uid: None,
             }
             .to_annotation(),
         ),
@@ -934,6 +941,7 @@ fn a_running_pod_s_unkeepable_window_is_never_handed_to_a_new_pod() {
             id,
             base,
             size,
+            uid: None,
         }
         .to_annotation()
     };

@@ -17,8 +17,9 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use proptest::prelude::*;
 use rocefabric_api::constants::{REGION_ANNOTATION, REGION_SCHEDULING_GATE};
+use rocefabric_formats::region::RegionAssignment;
 use rocefabric_operator::planner::{PlanOptions, World, Write, plan};
-use rocefabric_operator::regions::{FreedRegions, RegionAssignment};
+use rocefabric_operator::regions::FreedRegions;
 use rocefabric_operator_testing::objects::*;
 use support::*;
 

@@ -3,8 +3,9 @@
 #![allow(clippy::unwrap_used)] // tests fail loudly on the unexpected
 
 use proptest::prelude::*;
+use rocefabric_formats::region::RegionAssignment;
 use rocefabric_operator::regions::{
-    Geometry, Outcome, RegionAssignment, RegionError, Request, SlotMap, Slots, allocate,
+    Geometry, Outcome, RegionError, Request, SlotMap, Slots, allocate,
 };
 
 const GI: u64 = 1 << 30;
@@ -54,7 +55,8 @@ fn windows_are_first_fit_and_sized_in_whole_regions() {
             fabric: "f".into(),
             id: 1,
             base: GI,
-            size: 3 * GI
+            size: 3 * GI,
+            uid: None,
         }
     );
 }
@@ -125,6 +127,7 @@ fn recorded_claims_must_fit_the_geometry() {
         id: 2,
         base: 2 * GI,
         size: 2 * GI,
+        uid: None,
     };
     assert_eq!(g.slots_of(&ok), Ok(Slots { first: 2, len: 2 }));
     for bad in [
@@ -172,6 +175,7 @@ fn the_annotation_is_compact_json_with_fabric_id_base_size() {
         id: 3,
         base: 3 * GI,
         size: GI,
+        uid: None,
     };
     assert_eq!(
         a.to_annotation(),

@@ -10,7 +10,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::Duration;
 
-use rocefabric_operator::planner::directory::{DIRECTORY_KEY, DirectoryEntry, parse};
+use rocefabric_formats::directory::{DirectoryEntry, parse};
+use rocefabric_formats::names::DIRECTORY_KEY;
 use rocefabric_operator_testing::scale::apiserver::{ApiServer, Options, Resource};
 use rocefabric_operator_testing::scale::cluster::{FABRIC, GeneratedCluster, Sizes};
 use rocefabric_operator_testing::scale::scenario::Harness;

@@ -12,6 +12,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use rocefabric_dsm::config::{self, Inputs};
 use rocefabric_dsm::{Config, Dsm};
+use rocefabric_formats::env;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -21,31 +22,31 @@ use rocefabric_dsm::{Config, Dsm};
 )]
 struct Cli {
     /// This pod's region annotation (downward-API file).
-    #[arg(long, env = "ROCEFABRIC_REGION_FILE", default_value = config::DEFAULT_REGION_FILE, global = true)]
+    #[arg(long, env = env::ROCEFABRIC_REGION_FILE, default_value = config::DEFAULT_REGION_FILE, global = true)]
     region: PathBuf,
     /// The fabric's region directory (regions.json of the mounted <fabric>-regions ConfigMap).
-    #[arg(long, env = "ROCEFABRIC_DIRECTORY", default_value = config::DEFAULT_DIRECTORY, global = true)]
+    #[arg(long, env = env::ROCEFABRIC_DIRECTORY, default_value = config::DEFAULT_DIRECTORY, global = true)]
     directory: PathBuf,
     /// HCA port DEVICE[:PORT] (default: the first of NCCL_IB_HCA, which the device plugin sets).
-    #[arg(long, env = "ROCEFABRIC_HCA", global = true)]
+    #[arg(long, env = env::ROCEFABRIC_HCA, global = true)]
     hca: Option<String>,
     /// RoCE v2 GID index.
-    #[arg(long, env = "NCCL_IB_GID_INDEX", global = true)]
+    #[arg(long, env = env::NCCL_IB_GID_INDEX, global = true)]
     gid_index: Option<String>,
     /// Traffic class of the fabric's RoCE traffic.
-    #[arg(long, env = "NCCL_IB_TC", global = true)]
+    #[arg(long, env = env::NCCL_IB_TC, global = true)]
     traffic_class: Option<String>,
     /// This pod's name.
-    #[arg(long, env = "POD_NAME", global = true)]
+    #[arg(long, env = env::POD_NAME, global = true)]
     pod: Option<String>,
     /// This pod's uid.
-    #[arg(long, env = "POD_UID", global = true)]
+    #[arg(long, env = env::POD_UID, global = true)]
     uid: Option<String>,
     /// Address the rendezvous endpoint listens on.
     #[arg(long, default_value = "0.0.0.0", global = true)]
     listen: IpAddr,
     /// The fabric's rendezvous port.
-    #[arg(long, env = "ROCEFABRIC_DSM_PORT", default_value_t = config::DEFAULT_PORT, global = true)]
+    #[arg(long, env = env::ROCEFABRIC_DSM_PORT, default_value_t = config::DEFAULT_PORT, global = true)]
     port: u16,
     /// hugetlbfs mount for the window (default: /dev/hugepages when mounted).
     #[arg(long, global = true)]

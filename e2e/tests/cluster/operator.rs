@@ -348,8 +348,8 @@ fn leader_failover_while_assigning_windows_keeps_windows_disjoint() {
         let windows: Vec<(String, (u64, u64))> = names
             .iter()
             .map(|n| {
-                let r = rocefabric_operator::regions::RegionAssignment::parse(&seen[n])
-                    .expect("window");
+                let r =
+                    rocefabric_formats::region::RegionAssignment::parse(&seen[n]).expect("window");
                 (n.clone(), (r.base, r.size))
             })
             .collect();

@@ -8,8 +8,9 @@ use kube::api::Api;
 use rocefabric_api::constants::{
     FABRIC_LABEL, REGION_ANNOTATION, REGION_DIRECTORY_SUFFIX, REGION_SCHEDULING_GATE,
 };
-use rocefabric_operator::planner::directory::{self, DIRECTORY_KEY, DirectoryEntry as Entry};
-use rocefabric_operator::regions::RegionAssignment;
+use rocefabric_formats::directory::{self, DirectoryEntry as Entry};
+use rocefabric_formats::names::DIRECTORY_KEY;
+use rocefabric_formats::region::RegionAssignment;
 use serde_json::json;
 
 use crate::{
@@ -81,7 +82,7 @@ pub async fn directory_entries(configmaps: &Api<ConfigMap>) -> Result<Vec<Entry>
         .and_then(|d| d.get(DIRECTORY_KEY))
         .cloned()
         .unwrap_or_default();
-    directory::parse(&text).ok_or(format!("not a directory: {text}"))
+    directory::parse(&text).map_err(|e| format!("not a directory: {e}: {text}"))
 }
 
 #[test]

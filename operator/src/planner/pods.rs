@@ -10,14 +10,16 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use rocefabric_api::constants::{
     REGION_ANNOTATION, REGION_SCHEDULING_GATE, REGION_SIZE_ANNOTATION, reason,
 };
-
-use super::directory::{self, DIRECTORY_KEY, EntryRef, MAX_DIRECTORY_BYTES};
+use rocefabric_formats::directory::{self, EntryRef};
+use rocefabric_formats::names::DIRECTORY_KEY;
+use rocefabric_formats::region::RegionAssignment;
 use serde::Deserialize;
 
+use super::directory::MAX_DIRECTORY_BYTES;
 use super::report::{RegionChange, RegionReport, WaitingPod};
 use super::selection::FabricView;
 use super::writes::{Event, EventType, Write};
-use crate::regions::{self, Cooling, Geometry, Ledger, Outcome, RegionAssignment, Request, Slots};
+use crate::regions::{self, Cooling, Geometry, Ledger, Outcome, Request, Slots};
 
 /// A pod's `rocefabric.io/region` annotation, borrowed from the pod (the fields of
 /// [`RegionAssignment`]).
@@ -293,13 +295,14 @@ pub(crate) fn plan_regions(
             .data
             .as_ref()
             .and_then(|d| d.get(DIRECTORY_KEY))
-            .and_then(|t| directory::parse(t));
+            .and_then(|t| directory::parse(t).ok());
         for e in listed.into_iter().flatten() {
             let a = RegionAssignment {
                 fabric: fabric.name.to_string(),
                 id: e.id,
                 base: e.base,
                 size: e.size,
+                uid: None,
             };
             let Ok(slots) = geometry.slots_of(&a) else {
                 continue;

@@ -32,10 +32,10 @@ pub enum Write {
         status: RoceFabricStatus,
     },
     /// Set the pod annotation `rocefabric.io/region` to `value` (a JSON
-    /// [`RegionAssignment`](crate::regions::RegionAssignment)), only on the pod as the plan saw it:
-    /// the write carries the pod's `uid` and `resourceVersion` as preconditions, so it fails
-    /// (409) on a pod re-created under the same name or changed since (another leader may have
-    /// annotated it), and the next pass re-reads instead of overwriting.
+    /// [`RegionAssignment`](rocefabric_formats::region::RegionAssignment)), only on the pod as
+    /// the plan saw it: the write carries the pod's `uid` and `resourceVersion` as preconditions,
+    /// so it fails (409) on a pod re-created under the same name or changed since (another leader
+    /// may have annotated it), and the next pass re-reads instead of overwriting.
     AnnotatePodRegion {
         namespace: String,
         pod: String,

@@ -10,11 +10,11 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use rocefabric_api::constants::{REGION_ANNOTATION, REGION_SCHEDULING_GATE};
 use rocefabric_api::{RoceFabric, RoceNode};
+use rocefabric_formats::region::RegionAssignment;
 use rocefabric_operator::planner::writes::{
     region_directory_name, region_directory_object, roce_node_object,
 };
 use rocefabric_operator::planner::{Event, Plan, PlanOptions, World, Write, plan};
-use rocefabric_operator::regions::RegionAssignment;
 use rocefabric_operator_testing::objects::{T0, agent_status, now, remove_region_gate, ts};
 
 pub fn world(fabrics: Vec<RoceFabric>, nodes: Vec<Node>, pods: Vec<Pod>) -> World {

@@ -12,9 +12,11 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use rocefabric_api::constants::REGION_SIZE_ANNOTATION;
+use rocefabric_formats::directory::{self, DirectoryEntry, EntryRef};
+use rocefabric_formats::names::DIRECTORY_KEY;
 
 use super::super::RegionFindings;
-use super::super::directory::{self, DirectoryEntry, EntryRef, MAX_DIRECTORY_BYTES};
+use super::super::directory::MAX_DIRECTORY_BYTES;
 use super::super::pods::{self, Claim, PodRef};
 use super::super::writes::{Write, region_directory_name};
 use super::keyed::Keyed;
@@ -525,7 +527,7 @@ impl Regions {
                     namespace: namespace.to_string(),
                     fabric: self.fabric.clone(),
                     fabric_uid: self.uid.clone(),
-                    data: BTreeMap::from([(directory::DIRECTORY_KEY.to_string(), text)]),
+                    data: BTreeMap::from([(DIRECTORY_KEY.to_string(), text)]),
                 },
             );
         }

@@ -1,0 +1,18 @@
+//! Names in Kubernetes objects that the operator, the node daemon and the pods' containers
+//! agree on.
+
+/// Pod annotation holding the pod's shared memory window (JSON, a
+/// [`RegionAssignment`](crate::region::RegionAssignment)), written by the operator and read by
+/// the pod's data plane through the downward API.
+pub const REGION_ANNOTATION: &str = "rocefabric.io/region";
+/// Pod annotation by which a pod asks for a region size other than the fabric's `regionSize`
+/// (a Kubernetes quantity, rounded up to whole regions).
+pub const REGION_SIZE_ANNOTATION: &str = "rocefabric.io/region-size";
+/// Scheduling gate the operator removes once the pod's region annotation is written.
+pub const REGION_SCHEDULING_GATE: &str = "rocefabric.io/region";
+/// Label the operator puts on each RoceNode and region directory: the fabric that owns it.
+pub const FABRIC_LABEL: &str = "rocefabric.io/fabric";
+/// Suffix of the per-namespace region directory ConfigMap (`<fabric>-regions`).
+pub const REGION_DIRECTORY_SUFFIX: &str = "-regions";
+/// The one key of the region directory ConfigMap (see [`directory`](crate::directory)).
+pub const DIRECTORY_KEY: &str = "regions.json";
