@@ -29,7 +29,7 @@ pub const SPEC_PREFIX: &str = "rocefabric.io-claim_";
 
 /// `PCIDEVICE_*` variable of DRA grants (the SR-IOV plugin's convention, named after the driver).
 pub fn pcidevice_env() -> String {
-    allocation::pcidevice_env_name(super::DRIVER_NAME)
+    rocefabric_formats::env::pcidevice(super::DRIVER_NAME)
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]

@@ -42,6 +42,7 @@
 //! of these resources receives both sets of variables; where keys coincide (`NCCL_IB_HCA` from
 //! both `rdma/hca` and `rdma/gpu-hca`) the kubelet keeps one of them, so request one kind.
 
+use rocefabric_formats::env;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -127,17 +128,6 @@ pub enum AllocateError {
         id: String,
         hca: String,
     },
-}
-
-/// `PCIDEVICE_<RESOURCE>`: the resource name uppercased with `.`, `/` and `-` as `_`
-/// (`rdma/hca` -> `PCIDEVICE_RDMA_HCA`).
-pub fn pcidevice_env_name(resource_name: &str) -> String {
-    let mut name = String::from("PCIDEVICE_");
-    name.extend(resource_name.chars().map(|c| match c {
-        '.' | '/' | '-' => '_',
-        c => c.to_ascii_uppercase(),
-    }));
-    name
 }
 
 /// What an ID stands for.
@@ -476,15 +466,15 @@ pub fn workload_env(
             .map(|h| format!("{}:{}", h.name, h.port))
             .collect();
         let ports = ports.join(",");
-        envs.insert("NCCL_IB_HCA".into(), format!("={ports}"));
-        envs.insert("UCX_NET_DEVICES".into(), ports);
+        envs.insert(env::NCCL_IB_HCA.into(), format!("={ports}"));
+        envs.insert(env::UCX_NET_DEVICES.into(), ports);
         let gid_indexes: BTreeSet<Option<u32>> = hcas.iter().map(|h| h.roce_v2_gid_index).collect();
         if let [Some(gid)] = gid_indexes.into_iter().collect::<Vec<_>>().as_slice() {
-            envs.insert("NCCL_IB_GID_INDEX".into(), gid.to_string());
+            envs.insert(env::NCCL_IB_GID_INDEX.into(), gid.to_string());
         }
         if let Some(tc) = traffic_class {
-            envs.insert("NCCL_IB_TC".into(), tc.to_string());
-            envs.insert("UCX_IB_TRAFFIC_CLASS".into(), tc.to_string());
+            envs.insert(env::NCCL_IB_TC.into(), tc.to_string());
+            envs.insert(env::UCX_IB_TRAFFIC_CLASS.into(), tc.to_string());
         }
     }
     if !gpus.is_empty() {
@@ -499,7 +489,7 @@ pub fn workload_env(
                 .collect::<Vec<_>>()
                 .join(","),
         };
-        envs.insert("NVIDIA_VISIBLE_DEVICES".into(), visible);
+        envs.insert(env::NVIDIA_VISIBLE_DEVICES.into(), visible);
     }
     envs
 }
@@ -599,7 +589,7 @@ pub fn allocate(
     out.envs = workload_env(&hcas, &gpus, traffic_class);
     let envs = &mut out.envs;
     if !granted_pci.is_empty() {
-        envs.insert(pcidevice_env_name(resource), granted_pci.join(","));
+        envs.insert(env::pcidevice(resource), granted_pci.join(","));
     }
     Ok(out)
 }
