@@ -47,7 +47,10 @@ mod tests {
         std::fs::write(dir.path().join("file"), b"").unwrap();
         let err = write_atomic(&dir.path().join("file/below"), b"x", 0o600).unwrap_err();
         assert!(
-            matches!(err.kind(), std::io::ErrorKind::NotADirectory | std::io::ErrorKind::AlreadyExists),
+            matches!(
+                err.kind(),
+                std::io::ErrorKind::NotADirectory | std::io::ErrorKind::AlreadyExists
+            ),
             "{err:?}"
         );
     }

@@ -106,13 +106,11 @@ enum Command {
 }
 
 pub fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("ROCEFABRIC_LOG")
-                .unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    rocefabric_runtime::logging::init(
+        "ROCEFABRIC_LOG",
+        "warn",
+        rocefabric_runtime::logging::Format::Text,
+    );
     let cli = Cli::parse();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
