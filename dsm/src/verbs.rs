@@ -1,4 +1,4 @@
-//! The only module with `unsafe`: the window's memory mapping and the verbs calls (through
+//! The data plane's only module with `unsafe`: the window's memory mapping and the verbs calls (through
 //! `sideway`) that hand raw addresses to the HCA. Everything above it works with offsets, lengths
 //! and keys; every `unsafe` block below says why it holds.
 #![allow(unsafe_code)]
