@@ -19,11 +19,11 @@ use kube::{Api, Client, Resource};
 use rocefabric_api::constants::{
     OPERATOR_FIELD_MANAGER, REGION_ANNOTATION, REGION_SCHEDULING_GATE,
 };
-use rocefabric_api::{RoceFabric, RoceNode};
+use rocefabric_api::{RoceFabric, RoceFabricStatus, RoceNode};
 use serde_json::json;
 
 use crate::planner::writes::{
-    EventType, Write, region_directory_name, region_directory_object, roce_node_object,
+    Event, EventType, Write, region_directory_name, region_directory_object, roce_node_object,
 };
 
 /// Action of every Event the operator records (events.k8s.io/v1 requires one).
@@ -148,47 +148,12 @@ impl Executor {
                 fabric_uid,
                 spec,
             } => {
-                let api: Api<RoceNode> = Api::all(self.client.clone());
                 let body = roce_node_object(name, fabric_name, fabric_uid, spec);
-                api.patch(name, &ssa(), &Patch::Apply(&body))
-                    .await
-                    .map_err(|source| ApplyError::Api {
-                        op: "apply",
-                        target: format!("rocenode {name}"),
-                        source,
-                    })?;
-                tracing::debug!(rocenode = %name, fabric = %fabric_name, "applied rocenode");
-                Ok(Outcome::Done)
+                self.apply_roce_node(name, fabric_name, &body).await
             }
-            Write::DeleteRoceNode { name } => {
-                let api: Api<RoceNode> = Api::all(self.client.clone());
-                match api.delete(name, &DeleteParams::default()).await {
-                    Ok(_) => Ok(Outcome::Done),
-                    Err(e) if is_not_found(&e) => Ok(Outcome::AlreadyDone),
-                    Err(source) => Err(ApplyError::Api {
-                        op: "delete",
-                        target: format!("rocenode {name}"),
-                        source,
-                    }),
-                }
-            }
+            Write::DeleteRoceNode { name } => self.delete_roce_node(name).await,
             Write::ApplyFabricStatus { fabric, status } => {
-                let api: Api<RoceFabric> = Api::all(self.client.clone());
-                let body = json!({
-                    "apiVersion": RoceFabric::api_version(&()),
-                    "kind": RoceFabric::kind(&()),
-                    "status": status,
-                });
-                match api.patch_status(fabric, &ssa(), &Patch::Apply(&body)).await {
-                    Ok(_) => Ok(Outcome::Done),
-                    // The fabric was deleted since the world was read: nothing to report on.
-                    Err(e) if is_not_found(&e) => Ok(Outcome::AlreadyDone),
-                    Err(source) => Err(ApplyError::Api {
-                        op: "apply status of",
-                        target: format!("rocefabric {fabric}"),
-                        source,
-                    }),
-                }
+                self.apply_fabric_status(fabric, status).await
             }
             Write::AnnotatePodRegion {
                 namespace,
@@ -197,29 +162,9 @@ impl Executor {
                 uid,
                 resource_version,
             } => {
-                let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
-                let mut metadata = json!({ "annotations": { REGION_ANNOTATION: value } });
-                // Preconditions: the API server refuses (409) a patch whose uid or
-                // resourceVersion differs from the stored pod's.
-                if let Some(uid) = uid {
-                    metadata["uid"] = json!(uid);
-                }
-                if let Some(rv) = resource_version {
-                    metadata["resourceVersion"] = json!(rv);
-                }
-                let body = json!({ "metadata": metadata });
-                let patched = api
-                    .patch(pod, &managed_patch(), &Patch::Merge(&body))
+                let preconditions = (uid.as_deref(), resource_version.as_deref());
+                self.annotate_pod(namespace, pod, value, preconditions)
                     .await
-                    .map_err(|source| ApplyError::Api {
-                        op: "annotate",
-                        target: format!("pod {namespace}/{pod}"),
-                        source,
-                    })?;
-                tracing::info!(%namespace, %pod, region = %value, "recorded region on pod");
-                Ok(Outcome::Annotated {
-                    uid: patched.metadata.uid,
-                })
             }
             Write::RemovePodGate { namespace, pod, .. } => self.remove_gate(namespace, pod).await,
             Write::ApplyRegionDirectory {
@@ -228,57 +173,159 @@ impl Executor {
                 fabric_uid,
                 data,
             } => {
-                let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), namespace);
-                let name = region_directory_name(fabric);
                 let body = region_directory_object(namespace, fabric, fabric_uid, data);
-                api.patch(&name, &ssa(), &Patch::Apply(&body))
-                    .await
-                    .map_err(|source| ApplyError::Api {
-                        op: "apply",
-                        target: format!("configmap {namespace}/{name}"),
-                        source,
-                    })?;
-                Ok(Outcome::Done)
+                self.apply_directory(namespace, fabric, &body).await
             }
             Write::DeleteRegionDirectory { namespace, fabric } => {
-                let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), namespace);
-                let name = region_directory_name(fabric);
-                match api.delete(&name, &DeleteParams::default()).await {
-                    Ok(_) => Ok(Outcome::Done),
-                    Err(e) if is_not_found(&e) => Ok(Outcome::AlreadyDone),
-                    Err(source) => Err(ApplyError::Api {
-                        op: "delete",
-                        target: format!("configmap {namespace}/{name}"),
-                        source,
-                    }),
-                }
+                self.delete_directory(namespace, fabric).await
             }
-            Write::Event(event) => {
-                let ev = KubeEvent {
-                    type_: match event.type_ {
-                        EventType::Normal => KubeEventType::Normal,
-                        EventType::Warning => KubeEventType::Warning,
-                    },
-                    reason: event.reason.clone(),
-                    note: Some(event.message.clone()),
-                    action: EVENT_ACTION.to_string(),
-                    secondary: None,
-                };
-                self.recorder
-                    .publish(&ev, &event.regarding)
-                    .await
-                    .map_err(|source| ApplyError::Api {
-                        op: "record event on",
-                        target: format!(
-                            "{} {}",
-                            event.regarding.kind.as_deref().unwrap_or("object"),
-                            event.regarding.name.as_deref().unwrap_or("")
-                        ),
-                        source,
-                    })?;
-                Ok(Outcome::Done)
-            }
+            Write::Event(event) => self.record_event(event).await,
         }
+    }
+
+    async fn apply_roce_node(
+        &self,
+        name: &str,
+        fabric_name: &str,
+        body: &RoceNode,
+    ) -> Result<Outcome, ApplyError> {
+        let api: Api<RoceNode> = Api::all(self.client.clone());
+        api.patch(name, &ssa(), &Patch::Apply(body))
+            .await
+            .map_err(|source| ApplyError::Api {
+                op: "apply",
+                target: format!("rocenode {name}"),
+                source,
+            })?;
+        tracing::debug!(rocenode = %name, fabric = %fabric_name, "applied rocenode");
+        Ok(Outcome::Done)
+    }
+
+    async fn delete_roce_node(&self, name: &str) -> Result<Outcome, ApplyError> {
+        let api: Api<RoceNode> = Api::all(self.client.clone());
+        match api.delete(name, &DeleteParams::default()).await {
+            Ok(_) => Ok(Outcome::Done),
+            Err(e) if is_not_found(&e) => Ok(Outcome::AlreadyDone),
+            Err(source) => Err(ApplyError::Api {
+                op: "delete",
+                target: format!("rocenode {name}"),
+                source,
+            }),
+        }
+    }
+
+    async fn apply_fabric_status(
+        &self,
+        fabric: &str,
+        status: &RoceFabricStatus,
+    ) -> Result<Outcome, ApplyError> {
+        let api: Api<RoceFabric> = Api::all(self.client.clone());
+        let body = json!({
+            "apiVersion": RoceFabric::api_version(&()),
+            "kind": RoceFabric::kind(&()),
+            "status": status,
+        });
+        match api.patch_status(fabric, &ssa(), &Patch::Apply(&body)).await {
+            Ok(_) => Ok(Outcome::Done),
+            // The fabric was deleted since the world was read: nothing to report on.
+            Err(e) if is_not_found(&e) => Ok(Outcome::AlreadyDone),
+            Err(source) => Err(ApplyError::Api {
+                op: "apply status of",
+                target: format!("rocefabric {fabric}"),
+                source,
+            }),
+        }
+    }
+
+    /// Record `value` as the pod's region, on the condition (`uid`, `resourceVersion`) that the
+    /// pod is still the one planned for: the API server refuses (409) a patch whose uid or
+    /// resourceVersion differs from the stored pod's.
+    async fn annotate_pod(
+        &self,
+        namespace: &str,
+        pod: &str,
+        value: &str,
+        (uid, resource_version): (Option<&str>, Option<&str>),
+    ) -> Result<Outcome, ApplyError> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let mut metadata = json!({ "annotations": { REGION_ANNOTATION: value } });
+        if let Some(uid) = uid {
+            metadata["uid"] = json!(uid);
+        }
+        if let Some(rv) = resource_version {
+            metadata["resourceVersion"] = json!(rv);
+        }
+        let body = json!({ "metadata": metadata });
+        let patched = api
+            .patch(pod, &managed_patch(), &Patch::Merge(&body))
+            .await
+            .map_err(|source| ApplyError::Api {
+                op: "annotate",
+                target: format!("pod {namespace}/{pod}"),
+                source,
+            })?;
+        tracing::info!(%namespace, %pod, region = %value, "recorded region on pod");
+        Ok(Outcome::Annotated {
+            uid: patched.metadata.uid,
+        })
+    }
+
+    async fn apply_directory(
+        &self,
+        namespace: &str,
+        fabric: &str,
+        body: &ConfigMap,
+    ) -> Result<Outcome, ApplyError> {
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), namespace);
+        let name = region_directory_name(fabric);
+        api.patch(&name, &ssa(), &Patch::Apply(body))
+            .await
+            .map_err(|source| ApplyError::Api {
+                op: "apply",
+                target: format!("configmap {namespace}/{name}"),
+                source,
+            })?;
+        Ok(Outcome::Done)
+    }
+
+    async fn delete_directory(&self, namespace: &str, fabric: &str) -> Result<Outcome, ApplyError> {
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), namespace);
+        let name = region_directory_name(fabric);
+        match api.delete(&name, &DeleteParams::default()).await {
+            Ok(_) => Ok(Outcome::Done),
+            Err(e) if is_not_found(&e) => Ok(Outcome::AlreadyDone),
+            Err(source) => Err(ApplyError::Api {
+                op: "delete",
+                target: format!("configmap {namespace}/{name}"),
+                source,
+            }),
+        }
+    }
+
+    async fn record_event(&self, event: &Event) -> Result<Outcome, ApplyError> {
+        let ev = KubeEvent {
+            type_: match event.type_ {
+                EventType::Normal => KubeEventType::Normal,
+                EventType::Warning => KubeEventType::Warning,
+            },
+            reason: event.reason.clone(),
+            note: Some(event.message.clone()),
+            action: EVENT_ACTION.to_string(),
+            secondary: None,
+        };
+        self.recorder
+            .publish(&ev, &event.regarding)
+            .await
+            .map_err(|source| ApplyError::Api {
+                op: "record event on",
+                target: format!(
+                    "{} {}",
+                    event.regarding.kind.as_deref().unwrap_or("object"),
+                    event.regarding.name.as_deref().unwrap_or("")
+                ),
+                source,
+            })?;
+        Ok(Outcome::Done)
     }
 
     /// Remove our scheduling gate with a JSON patch that first tests the gate's index, so a

@@ -238,10 +238,29 @@ fn table(out: &mut String, header: &[&str], rows: &[Vec<String>]) {
     }
 }
 
-/// The human-readable form.
+/// The human-readable form: a table each of the fabrics, the nodes, the regions and the pods
+/// left waiting, then the RoceNodes deleted.
 pub fn render_table(out: &PlanOutput) -> String {
     let r = &out.report;
     let mut s = String::new();
+    fabrics_table(&mut s, r);
+    s.push('\n');
+    nodes_table(&mut s, r);
+    s.push('\n');
+    regions_table(&mut s, r);
+    waiting_table(&mut s, r);
+    if !r.deleted_roce_nodes.is_empty() {
+        let _ = writeln!(
+            s,
+            "\nRoceNodes deleted: {}",
+            shown_within(&r.deleted_roce_nodes.join(", "), 4 * MAX_CELL_CHARS)
+        );
+    }
+    s
+}
+
+/// The fabrics, then each invalid fabric's errors.
+fn fabrics_table(s: &mut String, r: &PlanReport) {
     let rows: Vec<Vec<String>> = r
         .fabrics
         .iter()
@@ -267,7 +286,7 @@ pub fn render_table(out: &PlanOutput) -> String {
         })
         .collect();
     table(
-        &mut s,
+        s,
         &[
             "FABRIC",
             "VALID",
@@ -291,8 +310,9 @@ pub fn render_table(out: &PlanOutput) -> String {
             );
         }
     }
+}
 
-    s.push('\n');
+fn nodes_table(s: &mut String, r: &PlanReport) {
     if r.nodes.is_empty() {
         s.push_str("No node is selected by any fabric.\n");
     } else {
@@ -321,13 +341,14 @@ pub fn render_table(out: &PlanOutput) -> String {
             })
             .collect();
         table(
-            &mut s,
+            s,
             &["NODE", "FABRIC", "ROCENODE", "ALSO SELECTED BY"],
             &rows,
         );
     }
+}
 
-    s.push('\n');
+fn regions_table(s: &mut String, r: &PlanReport) {
     if r.regions.is_empty() {
         s.push_str("No pod gets a region.\n");
     } else {
@@ -347,11 +368,15 @@ pub fn render_table(out: &PlanOutput) -> String {
             })
             .collect();
         table(
-            &mut s,
+            s,
             &["NAMESPACE", "POD", "FABRIC", "ID", "BASE", "SIZE", "REGION"],
             &rows,
         );
     }
+}
+
+/// The pods left waiting, if any (after an empty line).
+fn waiting_table(s: &mut String, r: &PlanReport) {
     if !r.waiting_pods.is_empty() {
         s.push('\n');
         let rows: Vec<Vec<String>> = r
@@ -366,18 +391,6 @@ pub fn render_table(out: &PlanOutput) -> String {
                 ]
             })
             .collect();
-        table(
-            &mut s,
-            &["NAMESPACE", "POD WAITING", "FABRIC", "WHY"],
-            &rows,
-        );
+        table(s, &["NAMESPACE", "POD WAITING", "FABRIC", "WHY"], &rows);
     }
-    if !r.deleted_roce_nodes.is_empty() {
-        let _ = writeln!(
-            s,
-            "\nRoceNodes deleted: {}",
-            shown_within(&r.deleted_roce_nodes.join(", "), 4 * MAX_CELL_CHARS)
-        );
-    }
-    s
 }

@@ -151,60 +151,95 @@ pub(crate) fn plan_rollout(
     roce_nodes: &HashMap<&str, &RoceNode>,
 ) -> Rollout {
     let desired = desired_spec(fabric);
-    let mut r = Rollout {
-        counts: RolloutCounts {
-            selected: count(owned.len()),
-            ..RolloutCounts::default()
-        },
-        ..Rollout::default()
-    };
-    r.counts.budget = count(fabric.obj.spec.rollout.budget(owned.len()));
-    let classes: Vec<Class> = owned
+    let names: Vec<&str> = owned.iter().map(|&n| node_name(&nodes[n])).collect();
+    let classes: Vec<Class> = names
         .iter()
-        .map(|&n| {
-            let rn = roce_nodes.get(node_name(&nodes[n])).copied();
+        .map(|&name| {
+            let rn = roce_nodes.get(name).copied();
             classify(rn, &desired, fabric.name, fabric.uid)
         })
         .collect();
-    for (i, c) in classes.iter().enumerate() {
-        match c {
-            Class::Current {
-                report: Report::Applied,
-                ..
-            } => r.counts.configured += 1,
-            Class::Current {
-                report: Report::Failed,
-                ..
-            } => {
-                r.counts.failed += 1;
-                r.counts
-                    .failed_names
-                    .push(node_name(&nodes[owned[i]]).to_string());
-            }
-            Class::Current {
-                report: Report::Pending,
-                ..
-            }
-            | Class::Stale { settling: true } => r.counts.in_progress += 1,
-            Class::Stale { settling: false } | Class::Missing => {}
-        }
-        if matches!(c, Class::Missing | Class::Stale { settling: false }) {
-            r.counts.waiting += 1;
-        }
-    }
-    r.counts.blocked = r.counts.failed > r.counts.budget && r.counts.waiting > 0;
+    let budget = fabric.obj.spec.rollout.budget(owned.len());
+    let mut r = Rollout {
+        counts: tally(&names, &classes, budget),
+        ..Rollout::default()
+    };
     let mut slots = if r.counts.blocked {
         0
     } else {
         r.counts.budget.saturating_sub(r.counts.in_progress)
     };
-    for (i, c) in classes.iter().enumerate() {
-        let name = node_name(&nodes[owned[i]]);
+    let pacer = Pacer {
+        fabric,
+        roce_nodes,
+        desired: &desired,
+    };
+    for (name, class) in names.iter().zip(&classes) {
+        let entry = pacer.pace(name, class, &mut r, &mut slots);
+        r.nodes.push(entry);
+    }
+    r
+}
+
+/// Count the owned nodes (`names`, classed as `classes`) by where they stand, before pacing;
+/// at most `budget` may be in progress.
+fn tally(names: &[&str], classes: &[Class], budget: usize) -> RolloutCounts {
+    let mut counts = RolloutCounts {
+        selected: count(names.len()),
+        budget: count(budget),
+        ..RolloutCounts::default()
+    };
+    for (name, c) in names.iter().zip(classes) {
+        match c {
+            Class::Current {
+                report: Report::Applied,
+                ..
+            } => counts.configured += 1,
+            Class::Current {
+                report: Report::Failed,
+                ..
+            } => {
+                counts.failed += 1;
+                counts.failed_names.push(name.to_string());
+            }
+            Class::Current {
+                report: Report::Pending,
+                ..
+            }
+            | Class::Stale { settling: true } => counts.in_progress += 1,
+            Class::Stale { settling: false } | Class::Missing => {}
+        }
+        if matches!(c, Class::Missing | Class::Stale { settling: false }) {
+            counts.waiting += 1;
+        }
+    }
+    counts.blocked = counts.failed > counts.budget && counts.waiting > 0;
+    counts
+}
+
+/// What pacing reads: the fabric, the RoceNodes by name and the spec its nodes must hold.
+struct Pacer<'a, 'w> {
+    fabric: &'a FabricView<'w>,
+    roce_nodes: &'a HashMap<&'a str, &'a RoceNode>,
+    desired: &'a RoceNodeSpec,
+}
+
+impl Pacer<'_, '_> {
+    /// Where node `name` (classed `c`) goes: its action and state, its write pushed onto `r`;
+    /// a node that starts takes one of the `slots` left.
+    fn pace(
+        &self,
+        name: &str,
+        c: &Class,
+        r: &mut Rollout,
+        slots: &mut u32,
+    ) -> (NodeAction, NodeState) {
+        let fabric = self.fabric;
         // A node holding the current configuration keeps its spec (and generation) when only
         // its metadata is repaired.
-        let spec = match roce_nodes.get(name) {
-            Some(rn) if same_node_config(&rn.spec, &desired) => rn.spec.clone(),
-            _ => desired.clone(),
+        let spec = match self.roce_nodes.get(name) {
+            Some(rn) if same_node_config(&rn.spec, self.desired) => rn.spec.clone(),
+            _ => self.desired.clone(),
         };
         let apply = || Write::ApplyRoceNode {
             name: name.to_string(),
@@ -212,7 +247,7 @@ pub(crate) fn plan_rollout(
             fabric_uid: fabric.uid.to_string(),
             spec: spec.clone(),
         };
-        let entry = match c {
+        match c {
             Class::Current {
                 report,
                 fix_metadata,
@@ -236,8 +271,8 @@ pub(crate) fn plan_rollout(
                 (NodeAction::Update, NodeState::InProgress)
             }
             Class::Stale { settling: true } => (NodeAction::Waiting, NodeState::InProgress),
-            Class::Missing | Class::Stale { settling: false } if slots > 0 => {
-                slots -= 1;
+            Class::Missing | Class::Stale { settling: false } if *slots > 0 => {
+                *slots -= 1;
                 r.writes.push(apply());
                 r.counts.in_progress += 1;
                 r.counts.waiting -= 1;
@@ -251,8 +286,8 @@ pub(crate) fn plan_rollout(
             Class::Missing => {
                 // Its RoceNode exists at once, pending, so the node's QoS gate holds its HCAs
                 // until its turn comes and the QoS is proven.
-                let placeholder = placeholder(&desired);
-                let held = roce_nodes.get(name).map(|rn| &rn.spec);
+                let placeholder = placeholder(self.desired);
+                let held = self.roce_nodes.get(name).map(|rn| &rn.spec);
                 if held != Some(&placeholder) {
                     r.writes.push(Write::ApplyRoceNode {
                         name: name.to_string(),
@@ -264,10 +299,8 @@ pub(crate) fn plan_rollout(
                 (NodeAction::Waiting, NodeState::Pending)
             }
             Class::Stale { settling: false } => (NodeAction::Waiting, NodeState::Pending),
-        };
-        r.nodes.push(entry);
+        }
     }
-    r
 }
 
 pub(crate) fn node_name(node: &Node) -> &str {

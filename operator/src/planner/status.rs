@@ -77,6 +77,51 @@ pub(crate) fn valid_status(
     now: &Time,
 ) -> (Option<Write>, Vec<Event>) {
     let g = fabric.generation;
+    let mut problems = rollout_problems(facts, g);
+    problems.extend(region_problems(facts));
+    if facts.rollout.selected == 0 {
+        problems.push(Problem {
+            reason: reason::NO_NODES_SELECTED,
+            detail: if facts.conflicting.is_empty() {
+                "no node matches spec.nodeSelector".into()
+            } else {
+                "every node spec.nodeSelector matches belongs to an older fabric".into()
+            },
+        });
+    }
+    let summary = format!(
+        "{}/{} nodes configured for generation {g}: {} failed, {} in progress, {} waiting",
+        facts.rollout.configured,
+        facts.rollout.selected,
+        facts.rollout.failed,
+        facts.rollout.in_progress,
+        facts.rollout.waiting
+    );
+    let ready = ready_condition(facts, g, &summary);
+    let progressing = progressing_condition(facts, g, &summary);
+    let status = RoceFabricStatus {
+        observed_generation: Some(g),
+        conditions: Vec::new(),
+        nodes: NodeCounts {
+            selected: facts.rollout.selected,
+            configured: facts.rollout.configured,
+            failed: facts.rollout.failed,
+            conflicting: super::rollout::count(facts.conflicting.len()),
+        },
+        regions: facts.regions.clone(),
+        traffic_class: Some(fabric.obj.spec.qos.traffic_class()),
+        conflicting_nodes: facts
+            .conflicting
+            .iter()
+            .take(MAX_CONFLICTING_LISTED)
+            .map(|(n, _)| n.clone())
+            .collect(),
+    };
+    finish(fabric, status, [ready, progressing], &problems, now)
+}
+
+/// What is wrong with the rollout of generation `g`: failed nodes, nodes another fabric owns.
+fn rollout_problems(facts: &Facts, g: i64) -> Vec<Problem> {
     let mut problems = Vec::new();
     if facts.rollout.failed > 0 {
         let mut detail = format!(
@@ -110,6 +155,13 @@ pub(crate) fn valid_status(
             ),
         });
     }
+    problems
+}
+
+/// What is wrong with the regions: pods waiting for a slot, for their quota or with a request
+/// the fabric cannot serve, windows it cannot keep, directories too large.
+fn region_problems(facts: &Facts) -> Vec<Problem> {
+    let mut problems = Vec::new();
     if !facts.exhausted.is_empty() {
         problems.push(Problem {
             reason: reason::REGIONS_EXHAUSTED,
@@ -161,26 +213,13 @@ pub(crate) fn valid_status(
             ),
         });
     }
-    if facts.rollout.selected == 0 {
-        problems.push(Problem {
-            reason: reason::NO_NODES_SELECTED,
-            detail: if facts.conflicting.is_empty() {
-                "no node matches spec.nodeSelector".into()
-            } else {
-                "every node spec.nodeSelector matches belongs to an older fabric".into()
-            },
-        });
-    }
+    problems
+}
 
-    let summary = format!(
-        "{}/{} nodes configured for generation {g}: {} failed, {} in progress, {} waiting",
-        facts.rollout.configured,
-        facts.rollout.selected,
-        facts.rollout.failed,
-        facts.rollout.in_progress,
-        facts.rollout.waiting
-    );
-    let ready = if facts.rollout.selected == 0 {
+/// `Ready`: every selected node configured for generation `g` (`summary`: where the rollout
+/// stands).
+fn ready_condition(facts: &Facts, g: i64, summary: &str) -> Desired {
+    if facts.rollout.selected == 0 {
         Desired::new(
             condition::READY,
             false,
@@ -202,24 +241,28 @@ pub(crate) fn valid_status(
             condition::READY,
             false,
             reason::ROLLOUT_BLOCKED,
-            summary.clone(),
+            summary.to_string(),
         )
     } else if facts.rollout.in_progress + facts.rollout.waiting == 0 {
         Desired::new(
             condition::READY,
             false,
             reason::NODES_FAILED,
-            summary.clone(),
+            summary.to_string(),
         )
     } else {
         Desired::new(
             condition::READY,
             false,
             reason::ROLLOUT_IN_PROGRESS,
-            summary.clone(),
+            summary.to_string(),
         )
-    };
-    let progressing = if facts.rollout.selected == 0 {
+    }
+}
+
+/// `Progressing`: the rollout of generation `g` goes on (`summary`: where it stands).
+fn progressing_condition(facts: &Facts, g: i64, summary: &str) -> Desired {
+    if facts.rollout.selected == 0 {
         Desired::new(
             condition::PROGRESSING,
             false,
@@ -252,28 +295,9 @@ pub(crate) fn valid_status(
             condition::PROGRESSING,
             false,
             reason::ROLLOUT_COMPLETE,
-            summary.clone(),
+            summary.to_string(),
         )
-    };
-    let status = RoceFabricStatus {
-        observed_generation: Some(g),
-        conditions: Vec::new(),
-        nodes: NodeCounts {
-            selected: facts.rollout.selected,
-            configured: facts.rollout.configured,
-            failed: facts.rollout.failed,
-            conflicting: super::rollout::count(facts.conflicting.len()),
-        },
-        regions: facts.regions.clone(),
-        traffic_class: Some(fabric.obj.spec.qos.traffic_class()),
-        conflicting_nodes: facts
-            .conflicting
-            .iter()
-            .take(MAX_CONFLICTING_LISTED)
-            .map(|(n, _)| n.clone())
-            .collect(),
-    };
-    finish(fabric, status, [ready, progressing], &problems, now)
+    }
 }
 
 /// The status of a fabric whose spec fails validation: nothing is written for its nodes.
