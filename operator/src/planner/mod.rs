@@ -12,6 +12,7 @@
 
 pub mod directory;
 pub mod incremental;
+mod pod;
 mod pods;
 mod report;
 mod rollout;
@@ -41,9 +42,10 @@ use rocefabric_api::constants::FABRIC_LABEL;
 use rocefabric_api::{RegionCounts, RoceNode};
 
 use crate::regions::FreedRegions;
-use pods::{PodRef, RegionsOutcome};
+use pod::PodRef;
+use pods::RegionsOutcome;
 use rollout::{count, node_name};
-use selection::{FabricView, Route};
+use selection::{ParsedFabric, Route};
 
 /// The outcome of one planning pass.
 #[derive(Clone, Debug, Default)]
@@ -84,7 +86,7 @@ pub(crate) fn plan_keeping(
     mut keep: Option<&mut HashMap<String, RegionFindings>>,
 ) -> Plan {
     let now = Time(world.now);
-    let fabrics: Vec<FabricView<'_>> = world.fabrics.iter().map(FabricView::new).collect();
+    let fabrics: Vec<ParsedFabric<'_>> = world.fabrics.iter().map(ParsedFabric::new).collect();
     let age = selection::age_order(&fabrics);
     let fabric_by_name: HashMap<&str, usize> = fabrics
         .iter()
@@ -111,7 +113,7 @@ pub(crate) fn plan_keeping(
     let mut unmatched: Vec<PodRef<'_>> = Vec::new();
     let mut fabric_pods: Vec<Vec<PodRef<'_>>> = (0..fabrics.len()).map(|_| Vec::new()).collect();
     let router = selection::Router::new(&fabrics, &age);
-    for pod in world.pods.iter().filter(|p| pods::is_live(p)) {
+    for pod in world.pods.iter().filter(|p| pod::is_live(p)) {
         let p = PodRef::new(pod);
         match router.route(&p) {
             Route::To(f) => fabric_pods[f].push(p),
@@ -394,7 +396,7 @@ pub(crate) fn plan_keeping(
 }
 
 /// The report of a fabric before its rollout and regions are planned.
-fn report_start(f: &FabricView<'_>, owned: usize, conflicting: usize) -> FabricReport {
+fn report_start(f: &ParsedFabric<'_>, owned: usize, conflicting: usize) -> FabricReport {
     FabricReport {
         name: f.name.to_string(),
         generation: f.generation,
@@ -419,7 +421,7 @@ fn report_start(f: &FabricView<'_>, owned: usize, conflicting: usize) -> FabricR
 /// live regions, cooling slots).
 fn report_active(
     fr: &mut FabricReport,
-    f: &FabricView<'_>,
+    f: &ParsedFabric<'_>,
     facts: &status::Facts,
     (live_slots, region_count, cooling_slots): (u32, u32, u32),
 ) {

@@ -16,7 +16,7 @@ use rocefabric_api::constants::{FABRIC_LABEL, condition};
 use rocefabric_api::{RoceNode, RoceNodeSpec};
 
 use super::report::{NodeAction, NodeState};
-use super::selection::FabricView;
+use super::selection::ParsedFabric;
 use super::writes::Write;
 
 /// Where a fabric's rollout stands: the numbers its status and report are made of.
@@ -45,7 +45,7 @@ pub(crate) struct Rollout {
 }
 
 /// The spec every node of `fabric` must hold.
-pub(crate) fn desired_spec(fabric: &FabricView<'_>) -> RoceNodeSpec {
+pub(crate) fn desired_spec(fabric: &ParsedFabric<'_>) -> RoceNodeSpec {
     RoceNodeSpec {
         fabric: fabric.name.to_string(),
         fabric_generation: fabric.generation,
@@ -145,7 +145,7 @@ pub(crate) fn placeholder(desired: &RoceNodeSpec) -> RoceNodeSpec {
 
 /// Classify and pace the owned nodes of an active fabric (`owned` sorted by node name).
 pub(crate) fn plan_rollout(
-    fabric: &FabricView<'_>,
+    fabric: &ParsedFabric<'_>,
     owned: &[usize],
     nodes: &[Node],
     roce_nodes: &HashMap<&str, &RoceNode>,
@@ -219,7 +219,7 @@ fn tally(names: &[&str], classes: &[Class], budget: usize) -> RolloutCounts {
 
 /// What pacing reads: the fabric, the RoceNodes by name and the spec its nodes must hold.
 struct Pacer<'a, 'w> {
-    fabric: &'a FabricView<'w>,
+    fabric: &'a ParsedFabric<'w>,
     roce_nodes: &'a HashMap<&'a str, &'a RoceNode>,
     desired: &'a RoceNodeSpec,
 }

@@ -11,10 +11,11 @@ use rocefabric_api::RoceFabric;
 use rocefabric_api::constants::FABRIC_LABEL;
 use rocefabric_api::validate::{self, FieldError};
 
+use super::pod::PodRef;
 use crate::regions::Geometry;
 
-/// A fabric as the planner sees it: identity, age, validity and parsed selectors.
-pub(crate) struct FabricView<'w> {
+/// A RoceFabric parsed for planning: identity, age, validity and its selectors parsed.
+pub(crate) struct ParsedFabric<'w> {
     pub obj: &'w RoceFabric,
     pub name: &'w str,
     pub uid: &'w str,
@@ -46,12 +47,12 @@ pub(crate) enum PodSelector {
     Labels(Selector),
 }
 
-impl<'w> FabricView<'w> {
+impl<'w> ParsedFabric<'w> {
     pub fn new(obj: &'w RoceFabric) -> Self {
         Self::checked(obj, validation_errors(obj))
     }
 
-    /// The view of `obj`, whose schema and CEL validation found `errors` (the incremental
+    /// `obj` parsed, its schema and CEL validation having found `errors` (the incremental
     /// planner validates once per spec, not once per pass).
     pub fn checked(obj: &'w RoceFabric, mut errors: Vec<FieldError>) -> Self {
         let meta = &obj.metadata;
@@ -152,7 +153,7 @@ struct RouteEntry {
 }
 
 impl Router {
-    pub fn new(fabrics: &[FabricView<'_>], age: &[usize]) -> Self {
+    pub fn new(fabrics: &[ParsedFabric<'_>], age: &[usize]) -> Self {
         Self {
             fabrics: fabrics
                 .iter()
@@ -174,7 +175,7 @@ impl Router {
     /// Route a live pod. A pod belongs to the fabric its annotation names, whatever the selector
     /// says now (its container read that window at start: a removed label frees nothing);
     /// otherwise to the oldest fabric that selects it.
-    pub fn route(&self, p: &super::pods::PodRef<'_>) -> Route {
+    pub fn route(&self, p: &PodRef<'_>) -> Route {
         let recorded = match &p.annotation {
             Some(Ok(a)) => self.by_name.get(a.fabric.as_ref()).copied(),
             _ => None,
@@ -231,7 +232,7 @@ pub(crate) fn labels_of(labels: Option<&BTreeMap<String, String>>) -> &BTreeMap<
 }
 
 /// Fabric indices in age order: creation time (unknown last), then name.
-pub(crate) fn age_order(fabrics: &[FabricView<'_>]) -> Vec<usize> {
+pub(crate) fn age_order(fabrics: &[ParsedFabric<'_>]) -> Vec<usize> {
     let mut order: Vec<usize> = (0..fabrics.len()).collect();
     order.sort_by(|&a, &b| {
         let (fa, fb) = (&fabrics[a], &fabrics[b]);
@@ -259,7 +260,7 @@ pub(crate) struct Ownership {
 /// Assign every node to the oldest fabric that selects it. `nodes_by_name` lists node indices
 /// sorted by name.
 pub(crate) fn assign_nodes(
-    fabrics: &[FabricView<'_>],
+    fabrics: &[ParsedFabric<'_>],
     age: &[usize],
     nodes: &[Node],
     nodes_by_name: &[usize],

@@ -12,7 +12,7 @@ use rocefabric_api::constants::{condition, reason};
 use rocefabric_api::{NodeCounts, RegionCounts, RoceFabricStatus};
 
 use super::rollout::RolloutCounts;
-use super::selection::FabricView;
+use super::selection::ParsedFabric;
 use super::writes::{Event, EventType, Write};
 
 /// Reason of a pod asking for a region size the fabric cannot serve.
@@ -72,7 +72,7 @@ fn plural(n: u32, one: &str, many: &str) -> String {
 
 /// The status of a valid fabric and its Events.
 pub(crate) fn valid_status(
-    fabric: &FabricView<'_>,
+    fabric: &ParsedFabric<'_>,
     facts: &Facts,
     now: &Time,
 ) -> (Option<Write>, Vec<Event>) {
@@ -301,7 +301,7 @@ fn progressing_condition(facts: &Facts, g: i64, summary: &str) -> Desired {
 }
 
 /// The status of a fabric whose spec fails validation: nothing is written for its nodes.
-pub(crate) fn invalid_status(fabric: &FabricView<'_>, now: &Time) -> (Option<Write>, Vec<Event>) {
+pub(crate) fn invalid_status(fabric: &ParsedFabric<'_>, now: &Time) -> (Option<Write>, Vec<Event>) {
     let errors: Vec<String> = fabric.errors.iter().map(ToString::to_string).collect();
     let detail = format!("invalid spec, nothing is rolled out: {}", errors.join(", "));
     let old = fabric.obj.status.clone().unwrap_or_default();
@@ -335,7 +335,7 @@ pub(crate) fn invalid_status(fabric: &FabricView<'_>, now: &Time) -> (Option<Wri
 }
 
 fn finish(
-    fabric: &FabricView<'_>,
+    fabric: &ParsedFabric<'_>,
     mut status: RoceFabricStatus,
     [ready, progressing]: [Desired; 2],
     problems: &[Problem],
@@ -391,7 +391,7 @@ fn old_problems(old: &[Condition]) -> Vec<&str> {
 }
 
 fn transitions(
-    fabric: &FabricView<'_>,
+    fabric: &ParsedFabric<'_>,
     old: &[Condition],
     new: &[Condition],
     problems: &[Problem],

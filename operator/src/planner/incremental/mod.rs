@@ -21,10 +21,11 @@ use k8s_openapi::jiff::Timestamp;
 use rocefabric_api::constants::FABRIC_LABEL;
 use rocefabric_api::{RegionCounts, RoceFabric, RoceNode};
 
-use super::pods::{self, PodRef};
+use super::pod::{self, PodRef};
+use super::pods;
 use super::report::PlanReport;
 use super::rollout::RolloutCounts;
-use super::selection::{self, FabricView, Route, Router};
+use super::selection::{self, ParsedFabric, Route, Router};
 use super::writes::{Write, region_directory_name};
 use super::{Plan, PlanOptions, RegionFindings, World, directory_order, status};
 use crate::regions::{FreedRegions, Ledger};
@@ -526,11 +527,11 @@ impl State {
             .iter()
             .map(selection::validation_errors)
             .collect();
-        let views: Vec<FabricView<'_>> = world
+        let views: Vec<ParsedFabric<'_>> = world
             .fabrics
             .iter()
             .zip(&validation)
-            .map(|(f, errors)| FabricView::checked(f, errors.clone()))
+            .map(|(f, errors)| ParsedFabric::checked(f, errors.clone()))
             .collect();
         let age = selection::age_order(&views);
         let router = Router::new(&views, &age);
@@ -544,7 +545,7 @@ impl State {
                 .enumerate()
                 .map(|(i, f)| (f.name.to_string(), i))
                 .collect(),
-            active: views.iter().map(FabricView::active).collect(),
+            active: views.iter().map(ParsedFabric::active).collect(),
             owners: HashMap::new(),
             owned: vec![0; n],
             conflicting: vec![BTreeMap::new(); n],
@@ -569,7 +570,7 @@ impl State {
 
         // Pods by fabric, and the writes of the pass by pod and by directory.
         let mut routed: Vec<Vec<&Pod>> = vec![Vec::new(); n];
-        for pod in world.pods.iter().filter(|p| pods::is_live(p)) {
+        for pod in world.pods.iter().filter(|p| pod::is_live(p)) {
             let p = PodRef::new(pod);
             match state.router.route(&p) {
                 Route::To(f) => routed[f].push(pod),
@@ -713,7 +714,7 @@ impl State {
         new: Option<&Pod>,
         configs: &Keyed<PodKey, ConfigMap>,
     ) -> Step {
-        let route = |pod: Option<&Pod>| match pod.filter(|p| pods::is_live(p)) {
+        let route = |pod: Option<&Pod>| match pod.filter(|p| pod::is_live(p)) {
             Some(p) => self.router.route(&PodRef::new(p)),
             None => Route::Skip,
         };
@@ -746,11 +747,11 @@ impl State {
     /// The plan now, read off the indexes.
     fn assemble(&mut self, world: &Incremental, now: Timestamp) -> Plan {
         let time = Time(now);
-        let views: Vec<FabricView<'_>> = world
+        let views: Vec<ParsedFabric<'_>> = world
             .fabrics
             .iter()
             .zip(&self.validation)
-            .map(|(f, errors)| FabricView::checked(f, errors.clone()))
+            .map(|(f, errors)| ParsedFabric::checked(f, errors.clone()))
             .collect();
         let mut by_name: Vec<usize> = (0..views.len()).collect();
         by_name.sort_by_key(|&f| views[f].name);

@@ -8,7 +8,7 @@ use kube::core::{Selector, SelectorExt};
 use rocefabric_api::{RoceFabric, RoceNode, RoceNodeSpec};
 
 use super::super::rollout::{self, Class, Report, RolloutCounts, count};
-use super::super::selection::{FabricView, labels_of};
+use super::super::selection::{ParsedFabric, labels_of};
 use super::super::writes::Write;
 use super::keyed::Keyed;
 
@@ -26,7 +26,7 @@ pub(crate) struct NodeSelectors {
 }
 
 impl NodeSelectors {
-    pub fn new(fabrics: &[FabricView<'_>], age: &[usize]) -> Self {
+    pub fn new(fabrics: &[ParsedFabric<'_>], age: &[usize]) -> Self {
         Self {
             selectors: age
                 .iter()
@@ -75,7 +75,7 @@ pub(crate) struct Rollout {
 }
 
 impl Rollout {
-    pub fn new(fabric: &FabricView<'_>) -> Self {
+    pub fn new(fabric: &ParsedFabric<'_>) -> Self {
         let desired = rollout::desired_spec(fabric);
         Self {
             placeholder: rollout::placeholder(&desired),

@@ -17,7 +17,8 @@ use rocefabric_formats::names::DIRECTORY_KEY;
 
 use super::super::RegionFindings;
 use super::super::directory::MAX_DIRECTORY_BYTES;
-use super::super::pods::{self, Claim, PodRef};
+use super::super::pod::PodRef;
+use super::super::pods::{self, Claim};
 use super::super::writes::{Write, region_directory_name};
 use super::keyed::Keyed;
 use crate::regions::{Cooling, Geometry, Ledger, SlotMap, Slots};

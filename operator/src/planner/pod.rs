@@ -1,0 +1,121 @@
+//! A pod as the planner reads it: its names, age and gates, and the region its annotation
+//! records; and which pods hold (or may get) a region at all.
+
+use std::borrow::Cow;
+
+use k8s_openapi::api::core::v1::{ObjectReference, Pod, PodSchedulingGate};
+use k8s_openapi::jiff::Timestamp;
+use rocefabric_api::constants::{REGION_ANNOTATION, REGION_SCHEDULING_GATE};
+use serde::Deserialize;
+
+use crate::regions;
+
+/// A pod's `rocefabric.io/region` annotation, borrowed from the pod (the fields of
+/// [`RegionAssignment`](rocefabric_formats::region::RegionAssignment)).
+#[derive(Debug, Deserialize)]
+pub(crate) struct Recorded<'a> {
+    #[serde(borrow)]
+    pub fabric: Cow<'a, str>,
+    pub id: u32,
+    pub base: u64,
+    pub size: u64,
+    /// The pod it was written for (absent in annotations of earlier versions).
+    #[serde(default, borrow)]
+    pub uid: Option<Cow<'a, str>>,
+}
+
+impl<'a> Recorded<'a> {
+    fn parse(value: &'a str) -> Result<Self, String> {
+        serde_json::from_str(value).map_err(|e| {
+            regions::RegionError::BadAnnotation {
+                value: value.to_string(),
+                reason: e.to_string(),
+            }
+            .to_string()
+        })
+    }
+}
+
+/// A live pod routed to a fabric.
+pub(crate) struct PodRef<'w> {
+    pub pod: &'w Pod,
+    pub namespace: &'w str,
+    pub name: &'w str,
+    pub created: Option<Timestamp>,
+    /// The parsed `rocefabric.io/region` annotation, when present (or why it cannot be read).
+    pub annotation: Option<Result<Recorded<'w>, String>>,
+}
+
+impl<'w> PodRef<'w> {
+    pub fn new(pod: &'w Pod) -> Self {
+        let meta = &pod.metadata;
+        Self {
+            pod,
+            namespace: meta.namespace.as_deref().unwrap_or_default(),
+            name: meta.name.as_deref().unwrap_or_default(),
+            created: meta.creation_timestamp.as_ref().map(|t| t.0),
+            annotation: meta
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(REGION_ANNOTATION))
+                .map(|v| Recorded::parse(v)),
+        }
+    }
+
+    pub(crate) fn gates(&self) -> &'w [PodSchedulingGate] {
+        self.pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.scheduling_gates.as_deref())
+            .unwrap_or_default()
+    }
+
+    pub(crate) fn gated(&self) -> bool {
+        self.gates()
+            .iter()
+            .any(|g| g.name == REGION_SCHEDULING_GATE)
+    }
+
+    /// The pod as the object an Event is about.
+    pub(crate) fn reference(&self) -> ObjectReference {
+        ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            name: Some(self.name.to_string()),
+            namespace: Some(self.namespace.to_string()),
+            uid: self.pod.metadata.uid.clone(),
+            ..ObjectReference::default()
+        }
+    }
+
+    pub(crate) fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// Past its gate or bound to a node: its containers may have read the window, so a window it
+    /// records is never changed while it exists.
+    pub(crate) fn started(&self) -> bool {
+        !self.gated()
+            || self
+                .pod
+                .spec
+                .as_ref()
+                .is_some_and(|s| s.node_name.is_some())
+    }
+}
+
+/// Whether a pod holds (or may get) a region: not finished. A pod being deleted still runs
+/// until its termination grace period ends (a training job may checkpoint into its window on
+/// SIGTERM), so it keeps a region it holds until it has terminated or is gone; it gets no new one.
+pub(crate) fn is_live(pod: &Pod) -> bool {
+    let terminated = matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    );
+    let holds_region = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(REGION_ANNOTATION));
+    !terminated && (pod.metadata.deletion_timestamp.is_none() || holds_region)
+}
