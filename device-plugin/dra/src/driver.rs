@@ -301,15 +301,13 @@ impl<C: ClaimSource> NodeDriver<C> {
         let pool = &self.options.node_name;
         let allocated = prepare::allocated(&object, claim, pool).map_err(|e| e.to_string())?;
         let view = Arc::clone(&self.view.borrow());
-        let plan = prepare::plan(
-            claim,
-            &allocated,
+        let node = prepare::Node {
             pool,
-            &view.inventory,
-            view.traffic_class,
-            &self.options.host_dev_root,
-        )
-        .map_err(|e| e.to_string())?;
+            inventory: &view.inventory,
+            traffic_class: view.traffic_class,
+            host_dev_root: &self.options.host_dev_root,
+        };
+        let plan = prepare::plan(claim, &allocated, &node).map_err(|e| e.to_string())?;
         let physical: BTreeSet<String> = plan.devices.iter().map(|d| d.physical.clone()).collect();
         self.refresh_grants().await;
         self.ledger
@@ -502,27 +500,11 @@ pub async fn run(
     )?);
     driver.refresh_grants().await;
 
-    let (registered_tx, mut registered_rx) = watch::channel(None);
-    let dra_socket = options.dra_socket();
-    let reg_socket = options.registration_socket();
-    // The DRA service first: the kubelet dials it as soon as it sees the registration socket.
-    let mut dra = Some(serve_dra(&driver, &dra_socket)?);
-    let mut reg = Some(serve_registration(
-        &reg_socket,
-        &dra_socket,
-        &registered_tx,
-    )?);
-    tracing::info!(node = %options.node_name, dra_socket = %dra_socket.display(),
-        registration_socket = %reg_socket.display(), cdi_dir = %options.cdi_dir.display(),
-        both = options.pod_resources_socket.is_some(), "DRA driver serving");
-
-    let mut publisher = SlicePublisher::new(client, &options.node_name);
-    let mut withdrawn = BTreeMap::new();
-    let mut too_many_logged = false;
+    let (mut sockets, mut registered_rx) = Sockets::serve(&options, &driver)?;
+    let mut slice = Slice::new(SlicePublisher::new(client, &options.node_name));
     let mut ledger_changes = ledger.changes();
     let mut housekeeping = tokio::time::interval(HOUSEKEEPING);
     housekeeping.reset();
-    let mut recheck = Instant::now() + SLICE_RECHECK;
     let mut view_open = true;
     tokio::pin!(shutdown);
     loop {
@@ -538,20 +520,11 @@ pub async fn run(
             _ = ledger_changes.changed() => {}
             _ = registered_rx.changed() => {
                 // A (re)registration: the kubelet may have restarted and wiped our slice.
-                publisher.invalidate();
+                slice.publisher.invalidate();
             }
             _ = housekeeping.tick() => {
                 driver.refresh_grants().await;
-                if !dra.as_ref().is_some_and(SocketServer::intact) {
-                    tracing::warn!(socket = %dra_socket.display(), "DRA socket lost; serving it again");
-                    if let Some(old) = dra.take() { old.stop().await; }
-                    dra = Some(serve_dra(&driver, &dra_socket)?);
-                }
-                if !reg.as_ref().is_some_and(SocketServer::intact) {
-                    tracing::warn!(socket = %reg_socket.display(), "registration socket lost; serving it again");
-                    if let Some(old) = reg.take() { old.stop().await; }
-                    reg = Some(serve_registration(&reg_socket, &dra_socket, &registered_tx)?);
-                }
+                sockets.heal(&driver).await?;
             }
             () = &mut shutdown => break,
         }
@@ -566,21 +539,113 @@ pub async fn run(
         });
         let held = ledger.granted(std::time::Instant::now());
         let listing = devices::listing(&inventory, &view, options.publish_gpus, &held);
-        withdrawn = log_withdrawn(&withdrawn, &listing);
-        if listing.published.len() > super::slice::MAX_DEVICES_PER_SLICE && !too_many_logged {
+        slice.publish(&listing, &options.metrics).await;
+    }
+    tracing::info!("DRA driver shutting down");
+    sockets.stop().await;
+    Ok(())
+}
+
+/// The kubelet-facing sockets: the DRA service and its plugin registration.
+struct Sockets {
+    dra_socket: PathBuf,
+    reg_socket: PathBuf,
+    registered: watch::Sender<Option<Result<(), String>>>,
+    dra: Option<SocketServer>,
+    reg: Option<SocketServer>,
+}
+
+impl Sockets {
+    /// Serve both; the receiver follows the kubelet's registration verdicts.
+    fn serve<C: ClaimSource>(
+        options: &DraOptions,
+        driver: &Arc<NodeDriver<C>>,
+    ) -> Result<(Self, watch::Receiver<Option<Result<(), String>>>), DraError> {
+        let (registered, registered_rx) = watch::channel(None);
+        let dra_socket = options.dra_socket();
+        let reg_socket = options.registration_socket();
+        // The DRA service first: the kubelet dials it as soon as it sees the registration socket.
+        let dra = Some(serve_dra(driver, &dra_socket)?);
+        let reg = Some(serve_registration(&reg_socket, &dra_socket, &registered)?);
+        tracing::info!(node = %options.node_name, dra_socket = %dra_socket.display(),
+            registration_socket = %reg_socket.display(), cdi_dir = %options.cdi_dir.display(),
+            both = options.pod_resources_socket.is_some(), "DRA driver serving");
+        let sockets = Self {
+            dra_socket,
+            reg_socket,
+            registered,
+            dra,
+            reg,
+        };
+        Ok((sockets, registered_rx))
+    }
+
+    /// Serve again each socket that was lost (removed, replaced, or its server ended).
+    async fn heal<C: ClaimSource>(&mut self, driver: &Arc<NodeDriver<C>>) -> Result<(), DraError> {
+        if !self.dra.as_ref().is_some_and(SocketServer::intact) {
+            tracing::warn!(socket = %self.dra_socket.display(), "DRA socket lost; serving it again");
+            if let Some(old) = self.dra.take() {
+                old.stop().await;
+            }
+            self.dra = Some(serve_dra(driver, &self.dra_socket)?);
+        }
+        if !self.reg.as_ref().is_some_and(SocketServer::intact) {
+            tracing::warn!(socket = %self.reg_socket.display(), "registration socket lost; serving it again");
+            if let Some(old) = self.reg.take() {
+                old.stop().await;
+            }
+            self.reg = Some(serve_registration(
+                &self.reg_socket,
+                &self.dra_socket,
+                &self.registered,
+            )?);
+        }
+        Ok(())
+    }
+
+    async fn stop(self) {
+        for served in [self.dra, self.reg].into_iter().flatten() {
+            served.stop().await;
+        }
+    }
+}
+
+/// The node's slice as last written, and what was logged about it.
+struct Slice {
+    publisher: SlicePublisher,
+    withdrawn: BTreeMap<String, String>,
+    too_many_logged: bool,
+    recheck: Instant,
+}
+
+impl Slice {
+    fn new(publisher: SlicePublisher) -> Self {
+        Self {
+            publisher,
+            withdrawn: BTreeMap::new(),
+            too_many_logged: false,
+            recheck: Instant::now() + SLICE_RECHECK,
+        }
+    }
+
+    /// Log what changed in `listing`, count it, and write the slice when it differs from the
+    /// last one written (or the last write is older than [`SLICE_RECHECK`]).
+    async fn publish(&mut self, listing: &Listing, metrics: &DraMetrics) {
+        self.withdrawn = log_withdrawn(&self.withdrawn, listing);
+        if listing.published.len() > super::slice::MAX_DEVICES_PER_SLICE && !self.too_many_logged {
             tracing::warn!(
                 devices = listing.published.len(),
                 max = super::slice::MAX_DEVICES_PER_SLICE,
                 "more devices than one ResourceSlice holds; the rest are not published"
             );
-            too_many_logged = true;
+            self.too_many_logged = true;
         }
-        options.metrics.listing(&listing);
-        if Instant::now() >= recheck {
-            publisher.invalidate();
-            recheck = Instant::now() + SLICE_RECHECK;
+        metrics.listing(listing);
+        if Instant::now() >= self.recheck {
+            self.publisher.invalidate();
+            self.recheck = Instant::now() + SLICE_RECHECK;
         }
-        match publisher.publish(&listing.published).await {
+        match self.publisher.publish(&listing.published).await {
             Ok(Some(generation)) => tracing::info!(
                 generation,
                 devices = listing.published.len(),
@@ -590,13 +655,8 @@ pub async fn run(
             Ok(None) => {}
             Err(error) => {
                 tracing::warn!(%error, "cannot write the ResourceSlice; retrying");
-                publisher.invalidate();
+                self.publisher.invalidate();
             }
         }
     }
-    tracing::info!("DRA driver shutting down");
-    for served in [dra.take(), reg.take()].into_iter().flatten() {
-        served.stop().await;
-    }
-    Ok(())
 }

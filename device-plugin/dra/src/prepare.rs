@@ -112,16 +112,32 @@ pub struct Plan {
     pub spec: CdiSpec,
 }
 
-/// Resolve `allocated` against the node's `inventory` (every discovered device, published or
-/// withdrawn: an allocation is final even if a link went down since).
+/// What a prepare resolves a claim against: this node.
+#[derive(Clone, Copy, Debug)]
+pub struct Node<'a> {
+    /// The pool: the node's name.
+    pub pool: &'a str,
+    /// Every discovered device, published or withdrawn: an allocation is final even if a link
+    /// went down since.
+    pub inventory: &'a Inventory,
+    /// The fabric's traffic class for the workload environment.
+    pub traffic_class: Option<u8>,
+    /// Where the runtime finds the device nodes.
+    pub host_dev_root: &'a Path,
+}
+
+/// Resolve `allocated` against `node`.
 pub fn plan(
     claim: &ClaimRef,
     allocated: &[Allocated],
-    pool: &str,
-    inventory: &Inventory,
-    traffic_class: Option<u8>,
-    host_dev_root: &Path,
+    node: &Node<'_>,
 ) -> Result<Plan, PrepareError> {
+    let Node {
+        pool,
+        inventory,
+        traffic_class,
+        host_dev_root,
+    } = *node;
     // Device name -> (request names, device), merging a device listed for several requests.
     let mut granted: BTreeMap<&str, (Vec<String>, String, Granted<'_>)> = BTreeMap::new();
     for a in allocated {
@@ -291,10 +307,12 @@ mod tests {
         let plan = plan(
             &claim_ref(),
             &allocated,
-            "node-a",
-            &inv,
-            Some(106),
-            Path::new("/dev"),
+            &Node {
+                pool: "node-a",
+                inventory: &inv,
+                traffic_class: Some(106),
+                host_dev_root: Path::new("/dev"),
+            },
         )
         .unwrap();
         assert_eq!(plan.devices.len(), 2);
@@ -344,10 +362,12 @@ mod tests {
                 request: "x".into(),
                 device: "hca-nope".into(),
             }],
-            "node-a",
-            &inv,
-            None,
-            Path::new("/dev"),
+            &Node {
+                pool: "node-a",
+                inventory: &inv,
+                traffic_class: None,
+                host_dev_root: Path::new("/dev"),
+            },
         )
         .unwrap_err();
         assert_eq!(
@@ -380,10 +400,12 @@ mod tests {
         let plan = plan(
             &claim_ref(),
             &allocated,
-            "n",
-            &inv,
-            Some(106),
-            Path::new("/dev"),
+            &Node {
+                pool: "n",
+                inventory: &inv,
+                traffic_class: Some(106),
+                host_dev_root: Path::new("/dev"),
+            },
         )
         .unwrap();
         let mut dra_env: BTreeMap<String, String> = plan

@@ -280,75 +280,119 @@ fn dscp_map_text(app: &[DcbApp], wanted: &[DcbApp]) -> String {
         .join(",")
 }
 
-/// Compare and plan. Pure; deterministic.
+/// Compare and plan. Pure; deterministic. One step per knob (or pair of knobs written
+/// together), in the order the writes must happen; the report follows [`Desired::knobs`].
 pub fn plan(desired: &Desired, observed: &Observed) -> Plan {
-    let mut knobs = Vec::new();
-    let mut writes = Vec::new();
+    let mut p = Planner {
+        desired,
+        observed,
+        knobs: Vec::new(),
+        writes: Vec::new(),
+    };
+    let trust = p.trust();
+    p.dscp_map(trust);
+    p.pfc();
+    p.ecn();
+    p.cnp();
+    p.rdma_cm();
+    p.mtu();
+    p.finish()
+}
 
-    // Generic comparison: reading -> (mechanism, observed text, action).
-    fn judge<T>(
-        reading: &Reading<T>,
-        show: impl Fn(&T) -> String,
-        holds: impl Fn(&T) -> bool,
-    ) -> (Option<Mechanism>, Option<String>, Action) {
-        match reading {
-            Reading::Value { mechanism, value } => {
-                let action = if holds(value) {
-                    Action::Keep
-                } else {
-                    Action::Change
-                };
-                (Some(*mechanism), Some(show(value)), action)
-            }
-            Reading::Unsupported { reason } => (None, None, Action::Unsupported(reason.clone())),
-            Reading::Failed { mechanism, error } => {
-                (Some(*mechanism), None, Action::ReadFailed(error.clone()))
-            }
+/// A reading judged against what is wanted: `(mechanism, observed text, action)`.
+type Judged = (Option<Mechanism>, Option<String>, Action);
+
+/// Generic comparison: reading -> (mechanism, observed text, action).
+fn judge<T>(
+    reading: &Reading<T>,
+    show: impl Fn(&T) -> String,
+    holds: impl Fn(&T) -> bool,
+) -> Judged {
+    match reading {
+        Reading::Value { mechanism, value } => {
+            let action = if holds(value) {
+                Action::Keep
+            } else {
+                Action::Change
+            };
+            (Some(*mechanism), Some(show(value)), action)
+        }
+        Reading::Unsupported { reason } => (None, None, Action::Unsupported(reason.clone())),
+        Reading::Failed { mechanism, error } => {
+            (Some(*mechanism), None, Action::ReadFailed(error.clone()))
         }
     }
-    let mut push =
-        |knob: Knob, desired_text: String, judged: (Option<Mechanism>, Option<String>, Action)| {
-            let (mechanism, observed, action) = judged;
-            knobs.push(KnobPlan {
-                knob,
-                mechanism,
-                desired: desired_text,
-                observed,
-                action,
-            });
+}
+
+/// What the trust step decided, for the DSCP map step: with DCB-implied trust, the DSCP map's
+/// adds are what switch the port to DSCP trust.
+#[derive(Clone, Copy)]
+struct TrustStep {
+    changes: bool,
+    mechanism: Option<Mechanism>,
+}
+
+/// The plan being built.
+struct Planner<'a> {
+    desired: &'a Desired,
+    observed: &'a Observed,
+    knobs: Vec<KnobPlan>,
+    writes: Vec<PlannedWrite>,
+}
+
+impl Planner<'_> {
+    fn push(&mut self, knob: Knob, desired_text: String, judged: Judged) {
+        let (mechanism, observed, action) = judged;
+        self.knobs.push(KnobPlan {
+            knob,
+            mechanism,
+            desired: desired_text,
+            observed,
+            action,
+        });
+    }
+
+    fn write(&mut self, knobs: Vec<Knob>, write: Write) {
+        self.writes.push(PlannedWrite { knobs, write });
+    }
+
+    /// 1. Trust.
+    fn trust(&mut self) -> TrustStep {
+        let (desired, observed) = (self.desired, self.observed);
+        let trust = judge(&observed.trust, |t| t.to_string(), |t| *t == desired.trust);
+        let step = TrustStep {
+            changes: trust.2 == Action::Change,
+            mechanism: trust.0,
         };
-
-    // 1. Trust.
-    let trust = judge(&observed.trust, |t| t.to_string(), |t| *t == desired.trust);
-    let trust_changes = trust.2 == Action::Change;
-    let trust_mech = trust.0;
-    push(Knob::Trust, desired.trust.to_string(), trust);
-    if trust_changes {
-        match trust_mech {
-            Some(Mechanism::Sysfs) => writes.push(PlannedWrite {
-                knobs: vec![Knob::Trust],
-                write: Write::Trust(desired.trust),
-            }),
-            // DCB: PCP trust means no DSCP APP entries; DSCP trust comes with the DSCP map below.
-            _ if desired.trust == Trust::Pcp => {
-                if let Some(app) = observed.app.get() {
-                    let dscp: Vec<DcbApp> = app
-                        .iter()
-                        .filter(|a| a.selector == APP_SEL_DSCP)
-                        .copied()
-                        .collect();
-                    writes.push(PlannedWrite {
-                        knobs: vec![Knob::Trust],
-                        write: Write::DelApps(dscp),
-                    });
+        self.push(Knob::Trust, desired.trust.to_string(), trust);
+        if step.changes {
+            match step.mechanism {
+                Some(Mechanism::Sysfs) => {
+                    self.write(vec![Knob::Trust], Write::Trust(desired.trust))
                 }
+                // DCB: PCP trust means no DSCP APP entries; DSCP trust comes with the DSCP map.
+                _ if desired.trust == Trust::Pcp => {
+                    if let Some(app) = observed.app.get() {
+                        let dscp: Vec<DcbApp> = app
+                            .iter()
+                            .filter(|a| a.selector == APP_SEL_DSCP)
+                            .copied()
+                            .collect();
+                        self.write(vec![Knob::Trust], Write::DelApps(dscp));
+                    }
+                }
+                _ => {}
             }
-            _ => {}
         }
+        step
     }
 
-    // 2. DSCP map.
-    if !desired.dscp_map.is_empty() {
+    /// 2. DSCP map.
+    fn dscp_map(&mut self, trust: TrustStep) {
+        let (desired, observed) = (self.desired, self.observed);
+        if desired.dscp_map.is_empty() {
+            return;
+        }
         let wanted = &desired.dscp_map;
         let holds = |app: &Vec<DcbApp>| {
             wanted
@@ -357,176 +401,180 @@ pub fn plan(desired: &Desired, observed: &Observed) -> Plan {
         };
         let judged = judge(&observed.app, |app| dscp_map_text(app, wanted), holds);
         let changes = judged.2 == Action::Change;
-        push(Knob::DscpMap, apps_text(wanted), judged);
-        if changes && let Some(app) = observed.app.get() {
-            let add: Vec<DcbApp> = wanted
-                .iter()
-                .filter(|w| !app.contains(w))
-                .copied()
-                .collect();
-            let del: Vec<DcbApp> = app
-                .iter()
-                .filter(|a| a.selector == APP_SEL_DSCP)
-                .filter(|a| {
-                    wanted
-                        .iter()
-                        .any(|w| w.protocol == a.protocol && w.priority != a.priority)
-                })
-                .copied()
-                .collect();
-            // With DCB-implied trust, the adds are what switches the port to DSCP trust.
-            let mut add_knobs = vec![Knob::DscpMap];
-            if trust_changes && trust_mech == Some(Mechanism::DcbNetlink) {
-                add_knobs.push(Knob::Trust);
-            }
-            if !add.is_empty() {
-                writes.push(PlannedWrite {
-                    knobs: add_knobs,
-                    write: Write::AddApps(add),
-                });
-            }
-            if !del.is_empty() {
-                writes.push(PlannedWrite {
-                    knobs: vec![Knob::DscpMap],
-                    write: Write::DelApps(del),
-                });
-            }
+        self.push(Knob::DscpMap, apps_text(wanted), judged);
+        let Some(app) = observed.app.get().filter(|_| changes) else {
+            return;
+        };
+        let add: Vec<DcbApp> = wanted
+            .iter()
+            .filter(|w| !app.contains(w))
+            .copied()
+            .collect();
+        let del: Vec<DcbApp> = app
+            .iter()
+            .filter(|a| a.selector == APP_SEL_DSCP)
+            .filter(|a| {
+                wanted
+                    .iter()
+                    .any(|w| w.protocol == a.protocol && w.priority != a.priority)
+            })
+            .copied()
+            .collect();
+        // With DCB-implied trust, the adds are what switches the port to DSCP trust.
+        let mut add_knobs = vec![Knob::DscpMap];
+        if trust.changes && trust.mechanism == Some(Mechanism::DcbNetlink) {
+            add_knobs.push(Knob::Trust);
+        }
+        if !add.is_empty() {
+            self.write(add_knobs, Write::AddApps(add));
+        }
+        if !del.is_empty() {
+            self.write(vec![Knob::DscpMap], Write::DelApps(del));
         }
     }
 
-    // 3. PFC.
-    let pfc = judge(
-        &observed.pfc,
-        |p| priority_list(&p.enabled_priorities()),
-        |p| p.pfc_en == desired.pfc_en,
-    );
-    if pfc.2 == Action::Change
-        && let Some(current) = observed.pfc.get()
-    {
-        let new = IeeePfc {
-            pfc_en: desired.pfc_en,
-            requests: [0; 8],
-            indications: [0; 8],
-            ..*current
-        };
-        writes.push(PlannedWrite {
-            knobs: vec![Knob::Pfc],
-            write: Write::Pfc(new),
-        });
-    }
-    push(
-        Knob::Pfc,
-        priority_list(&bits_to_priorities(desired.pfc_en)),
-        pfc,
-    );
-
-    // 4. ECN, per priority, only the files that differ.
-    for (knob, point, reading) in [
-        (
-            Knob::EcnNotificationPoint,
-            EcnPoint::Notification,
-            &observed.ecn_np,
-        ),
-        (Knob::EcnReactionPoint, EcnPoint::Reaction, &observed.ecn_rp),
-    ] {
-        let judged = judge(reading, |v| priority_list(v), |v| *v == desired.ecn);
-        if judged.2 == Action::Change
-            && let Some(current) = reading.get()
+    /// 3. PFC.
+    fn pfc(&mut self) {
+        let (desired, observed) = (self.desired, self.observed);
+        let pfc = judge(
+            &observed.pfc,
+            |p| priority_list(&p.enabled_priorities()),
+            |p| p.pfc_en == desired.pfc_en,
+        );
+        if pfc.2 == Action::Change
+            && let Some(current) = observed.pfc.get()
         {
-            for prio in 0u8..8 {
-                let want = desired.ecn.contains(&prio);
-                if current.contains(&prio) != want {
-                    writes.push(PlannedWrite {
-                        knobs: vec![knob],
-                        write: Write::Ecn {
+            let new = IeeePfc {
+                pfc_en: desired.pfc_en,
+                requests: [0; 8],
+                indications: [0; 8],
+                ..*current
+            };
+            self.write(vec![Knob::Pfc], Write::Pfc(new));
+        }
+        self.push(
+            Knob::Pfc,
+            priority_list(&bits_to_priorities(desired.pfc_en)),
+            pfc,
+        );
+    }
+
+    /// 4. ECN, per priority, only the files that differ.
+    fn ecn(&mut self) {
+        let (desired, observed) = (self.desired, self.observed);
+        for (knob, point, reading) in [
+            (
+                Knob::EcnNotificationPoint,
+                EcnPoint::Notification,
+                &observed.ecn_np,
+            ),
+            (Knob::EcnReactionPoint, EcnPoint::Reaction, &observed.ecn_rp),
+        ] {
+            let judged = judge(reading, |v| priority_list(v), |v| *v == desired.ecn);
+            if judged.2 == Action::Change
+                && let Some(current) = reading.get()
+            {
+                for prio in 0u8..8 {
+                    let want = desired.ecn.contains(&prio);
+                    if current.contains(&prio) != want {
+                        let write = Write::Ecn {
                             point,
                             priority: prio,
                             enabled: want,
-                        },
-                    });
+                        };
+                        self.write(vec![knob], write);
+                    }
                 }
             }
+            self.push(knob, priority_list(&desired.ecn), judged);
         }
-        push(knob, priority_list(&desired.ecn), judged);
     }
 
-    // 5. CNP DSCP and priority.
-    for (knob, reading, want) in [
-        (Knob::CnpDscp, &observed.cnp_dscp, desired.cnp_dscp),
-        (
-            Knob::CnpPriority,
-            &observed.cnp_priority,
-            desired.cnp_priority,
-        ),
-    ] {
-        let judged = judge(reading, |v| v.to_string(), |v| *v == want);
-        if judged.2 == Action::Change
-            && let Some(mechanism) = judged.0
-        {
-            let write = match knob {
-                Knob::CnpDscp => Write::CnpDscp {
-                    mechanism,
-                    value: want,
-                },
-                _ => Write::CnpPriority {
-                    mechanism,
-                    value: want,
-                },
-            };
-            writes.push(PlannedWrite {
-                knobs: vec![knob],
-                write,
-            });
+    /// 5. CNP DSCP and priority.
+    fn cnp(&mut self) {
+        let (desired, observed) = (self.desired, self.observed);
+        for (knob, reading, want) in [
+            (Knob::CnpDscp, &observed.cnp_dscp, desired.cnp_dscp),
+            (
+                Knob::CnpPriority,
+                &observed.cnp_priority,
+                desired.cnp_priority,
+            ),
+        ] {
+            let judged = judge(reading, |v| v.to_string(), |v| *v == want);
+            if judged.2 == Action::Change
+                && let Some(mechanism) = judged.0
+            {
+                let write = match knob {
+                    Knob::CnpDscp => Write::CnpDscp {
+                        mechanism,
+                        value: want,
+                    },
+                    _ => Write::CnpPriority {
+                        mechanism,
+                        value: want,
+                    },
+                };
+                self.write(vec![knob], write);
+            }
+            self.push(knob, want.to_string(), judged);
         }
-        push(knob, want.to_string(), judged);
     }
 
-    // 6. rdma_cm defaults: mode first, then ToS. Report order stays ToS, mode.
-    let unset = || "not set (no rdma_cm entry)".to_string();
-    let tos = judge(
-        &observed.roce_tos,
-        |v| v.map_or_else(unset, |t| t.to_string()),
-        |v| *v == Some(desired.roce_tos),
-    );
-    let mode = judge(
-        &observed.roce_mode,
-        |v| v.clone().unwrap_or_else(unset),
-        |v| v.as_deref() == Some(desired.roce_mode.as_str()),
-    );
-    if mode.2 == Action::Change {
-        writes.push(PlannedWrite {
-            knobs: vec![Knob::RoceMode],
-            write: Write::RoceMode(desired.roce_mode.clone()),
-        });
+    /// 6. rdma_cm defaults: mode first, then ToS. Report order stays ToS, mode.
+    fn rdma_cm(&mut self) {
+        let (desired, observed) = (self.desired, self.observed);
+        let unset = || "not set (no rdma_cm entry)".to_string();
+        let tos = judge(
+            &observed.roce_tos,
+            |v| v.map_or_else(unset, |t| t.to_string()),
+            |v| *v == Some(desired.roce_tos),
+        );
+        let mode = judge(
+            &observed.roce_mode,
+            |v| v.clone().unwrap_or_else(unset),
+            |v| v.as_deref() == Some(desired.roce_mode.as_str()),
+        );
+        if mode.2 == Action::Change {
+            self.write(
+                vec![Knob::RoceMode],
+                Write::RoceMode(desired.roce_mode.clone()),
+            );
+        }
+        if tos.2 == Action::Change {
+            self.write(vec![Knob::RoceTos], Write::RoceTos(desired.roce_tos));
+        }
+        self.push(Knob::RoceTos, desired.roce_tos.to_string(), tos);
+        self.push(Knob::RoceMode, desired.roce_mode.clone(), mode);
     }
-    if tos.2 == Action::Change {
-        writes.push(PlannedWrite {
-            knobs: vec![Knob::RoceTos],
-            write: Write::RoceTos(desired.roce_tos),
-        });
-    }
-    push(Knob::RoceTos, desired.roce_tos.to_string(), tos);
-    push(Knob::RoceMode, desired.roce_mode.clone(), mode);
 
-    // 7. MTU.
-    let mtu = judge(&observed.mtu, |v| v.to_string(), |v| *v == desired.mtu);
-    if mtu.2 == Action::Change {
-        writes.push(PlannedWrite {
-            knobs: vec![Knob::Mtu],
-            write: Write::Mtu(desired.mtu),
-        });
+    /// 7. MTU.
+    fn mtu(&mut self) {
+        let (desired, observed) = (self.desired, self.observed);
+        let mtu = judge(&observed.mtu, |v| v.to_string(), |v| *v == desired.mtu);
+        if mtu.2 == Action::Change {
+            self.write(vec![Knob::Mtu], Write::Mtu(desired.mtu));
+        }
+        self.push(Knob::Mtu, desired.mtu.to_string(), mtu);
     }
-    push(Knob::Mtu, desired.mtu.to_string(), mtu);
 
-    // Report in the order of `Desired::knobs`.
-    let order = desired.knobs();
-    knobs.sort_by_key(|k| {
-        order
-            .iter()
-            .position(|o| *o == k.knob)
-            .unwrap_or(usize::MAX)
-    });
-    Plan { knobs, writes }
+    /// Report in the order of `Desired::knobs`.
+    fn finish(self) -> Plan {
+        let Self {
+            desired,
+            mut knobs,
+            writes,
+            ..
+        } = self;
+        let order = desired.knobs();
+        knobs.sort_by_key(|k| {
+            order
+                .iter()
+                .position(|o| *o == k.knob)
+                .unwrap_or(usize::MAX)
+        });
+        Plan { knobs, writes }
+    }
 }
 
 #[cfg(test)]

@@ -35,10 +35,9 @@ use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 
 use rocefabric_dra::ledger::Ledger;
-use rocefabric_kubelet_api::device_plugin::{DeviceBackend, ServerError};
+use rocefabric_kubelet_api::device_plugin::ServerError;
 use rocefabric_kubelet_api::registration::{self, Backoff};
-use rocefabric_kubelet_api::socket::inode;
-use rocefabric_kubelet_api::watcher::{DirEvent, DirWatcher, WatchError};
+use rocefabric_kubelet_api::watcher::{DirWatcher, WatchError};
 use rocefabric_kubelet_api::{self as kubelet};
 use rocefabric_node_model::config::Config;
 use rocefabric_node_model::fabric_view::FabricView;
@@ -48,7 +47,7 @@ use crate::discovery::{DiscoveryError, Sources};
 
 pub use publish::{NodeState, ResourceBackend, to_proto, with_departed};
 use publish::{Publisher, publish_loop};
-use supervisor::{Managed, Supervisor, next_event, sleep_until};
+use supervisor::{KubeletSocket, Supervisor, next_event, sleep_until};
 
 /// Everything `serve` needs; every host path is explicit.
 #[derive(Clone, Debug)]
@@ -226,46 +225,29 @@ pub enum ServeError {
     },
 }
 
-/// Run the daemon until `shutdown` completes. `fabric_view` drives the QoS gate and the traffic
-/// class (see [`rocefabric_node_model::fabric_view`]); pass [`rocefabric_node_model::fabric_view::static_view`]'s receiver when no
-/// agent is plugged in. Returns an error only for problems found before serving starts.
+/// Run the daemon until `shutdown` completes, serving the inventory the discovery loop sends
+/// ([`ServeOptions::discovery`]). `fabric_view` drives the QoS gate and the traffic class (see
+/// [`rocefabric_node_model::fabric_view`]); pass [`crate::fabric_source::static_view`]'s
+/// receiver when no agent is plugged in. Returns an error only for problems found before serving
+/// starts, or for the two reasons to exit while serving (a socket that cannot be created, a
+/// resource unregistered for too long).
 pub async fn run(
     options: ServeOptions,
     inventory: watch::Receiver<Inventory>,
     fabric_view: watch::Receiver<FabricView>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
-    let ServeOptions {
-        config,
-        dev_root,
-        host_dev_root,
-        plugin_dir,
-        kubelet_socket,
-        node_name,
-        ..
-    } = options.clone();
-    std::fs::create_dir_all(&plugin_dir).map_err(|source| ServeError::PluginDir {
-        path: plugin_dir.clone(),
-        source,
-    })?;
-    let stale =
-        kubelet::remove_stale_sockets(&plugin_dir).map_err(|source| ServeError::PluginDir {
-            path: plugin_dir.clone(),
-            source,
-        })?;
-    for path in &stale {
-        tracing::info!(socket = %path.display(), "removed stale socket of an earlier run");
-    }
-    // Watch before serving, so a kubelet restart during start-up is not missed.
-    let mut watcher = Some(DirWatcher::start(&plugin_dir, &kubelet_socket)?);
+    let mut watcher = Some(prepare_plugin_dir(
+        &options.plugin_dir,
+        &options.kubelet_socket,
+    )?);
 
-    let config = Arc::new(config);
     let mut inventory_rx = inventory;
     let inventory = inventory_rx.borrow_and_update().clone();
-    tracing::info!(node = node_name.as_deref().unwrap_or(""), hcas = inventory.hcas.len(),
-        gpus = inventory.gpus.len(), plugin_dir = %plugin_dir.display(), "starting device plugin");
+    tracing::info!(node = options.node_name.as_deref().unwrap_or(""), hcas = inventory.hcas.len(),
+        gpus = inventory.gpus.len(), plugin_dir = %options.plugin_dir.display(), "starting device plugin");
     let mut publisher = Publisher::new(
-        Arc::clone(&config),
+        Arc::new(options.config.clone()),
         Arc::clone(&options.metrics),
         options.ledger.clone(),
     );
@@ -273,39 +255,12 @@ pub async fn run(
     let view = view_rx.borrow_and_update().clone();
     publisher.publish(&inventory, &view);
 
-    let mut supervisor = Supervisor {
-        kubelet_socket: kubelet_socket.clone(),
-        backoff: options.registration_backoff,
-        start_attempts: options.start_attempts,
-        gave_up: None,
-        metrics: Arc::clone(&options.metrics),
-        resources: publisher
-            .lists
-            .iter()
-            .map(|list| {
-                let backend = publisher.backend(list, &dev_root, &host_dev_root);
-                let socket_name = kubelet::socket_file_name(backend.resource_name());
-                Managed {
-                    backend,
-                    socket_path: plugin_dir.join(&socket_name),
-                    socket_name,
-                    server: None,
-                    registration: None,
-                    registering_since: None,
-                    failures: 0,
-                    retry_at: None,
-                }
-            })
-            .collect(),
-    };
+    let mut supervisor = Supervisor::new(&options, &publisher);
     let (stop_tx, stop_rx) = watch::channel(false);
     let poller = tokio::spawn(publish_loop(publisher, inventory_rx, view_rx, stop_rx));
+    supervisor.start_all().await;
 
-    for i in 0..supervisor.resources.len() {
-        supervisor.start(i).await;
-    }
-
-    let mut kubelet_ino = inode(&kubelet_socket);
+    let mut kubelet = KubeletSocket::new(&options.kubelet_socket);
     let mut exit = None;
     let mut liveness = tokio::time::interval(options.liveness_interval);
     liveness.reset();
@@ -323,52 +278,18 @@ pub async fn run(
                     watcher = None;
                     continue;
                 };
-                // Merge everything already queued: a kubelet restart deletes our sockets and
-                // then creates kubelet.sock, and one pass should handle it all.
-                let mut kubelet_restarted = false;
-                let mut removed = Vec::new();
-                for e in std::iter::once(event).chain(std::iter::from_fn(|| w.try_next())) {
-                    match e {
-                        DirEvent::KubeletSocketCreated => kubelet_restarted = true,
-                        DirEvent::OwnSocketRemoved(name) => removed.push(name),
-                    }
-                }
-                if kubelet_restarted {
-                    kubelet_ino = inode(&kubelet_socket);
-                    tracing::info!(socket = %kubelet_socket.display(), "kubelet socket created");
-                }
-                supervisor.handle(kubelet_restarted, &removed).await;
+                supervisor.on_dir_events(event, w, &mut kubelet).await;
             }
             () = sleep_until(retry_at) => supervisor.retry_due().await,
             _ = liveness.tick() => {
                 if watcher.is_none() {
-                    match DirWatcher::start(&plugin_dir, &kubelet_socket) {
+                    match DirWatcher::start(&options.plugin_dir, &options.kubelet_socket) {
                         Ok(w) => watcher = Some(w),
                         Err(error) => tracing::error!(%error, "cannot watch the plugin directory again"),
                     }
                 }
-                let now_ino = inode(&kubelet_socket);
-                let kubelet_restarted = now_ino.is_some() && now_ino != kubelet_ino;
-                kubelet_ino = now_ino;
-                let broken: Vec<String> = supervisor
-                    .resources
-                    .iter()
-                    .filter(|m| m.retry_at.is_none() && !m.intact())
-                    .map(|m| m.socket_name.clone())
-                    .collect();
-                if kubelet_restarted || !broken.is_empty() {
-                    tracing::warn!(kubelet_restarted, ?broken, "liveness check found a change inotify did not report");
-                    supervisor.handle(kubelet_restarted, &broken).await;
-                }
-                if let Some((resource, waited)) = options
-                    .exit_after_unregistered
-                    .and_then(|limit| supervisor.unregistered_longer_than(limit))
-                {
-                    exit = Some(ServeError::Unregistered {
-                        resource,
-                        kubelet_socket: kubelet_socket.clone(),
-                        waited,
-                    });
+                if let Some(error) = supervisor.liveness_check(&mut kubelet, options.exit_after_unregistered).await {
+                    exit = Some(error);
                     break;
                 }
             }
@@ -388,4 +309,22 @@ pub async fn run(
         }
         None => Ok(()),
     }
+}
+
+/// Create the plugin directory, remove our sockets of an earlier run, and start watching it:
+/// before serving, so a kubelet restart during start-up is not missed.
+fn prepare_plugin_dir(
+    plugin_dir: &std::path::Path,
+    kubelet_socket: &std::path::Path,
+) -> Result<DirWatcher, ServeError> {
+    let failed = |source| ServeError::PluginDir {
+        path: plugin_dir.to_path_buf(),
+        source,
+    };
+    std::fs::create_dir_all(plugin_dir).map_err(failed)?;
+    let stale = kubelet::remove_stale_sockets(plugin_dir).map_err(failed)?;
+    for path in &stale {
+        tracing::info!(socket = %path.display(), "removed stale socket of an earlier run");
+    }
+    Ok(DirWatcher::start(plugin_dir, kubelet_socket)?)
 }

@@ -13,8 +13,10 @@ use rocefabric_kubelet_api::device_plugin::{DeviceBackend, PluginServer};
 use rocefabric_kubelet_api::registration::{self, Backoff};
 use rocefabric_kubelet_api::watcher::{DirEvent, DirWatcher};
 
-use super::publish::ResourceBackend;
-use super::{ServeError, ServeMetrics};
+use rocefabric_kubelet_api::socket::inode;
+
+use super::publish::{Publisher, ResourceBackend};
+use super::{ServeError, ServeMetrics, ServeOptions};
 
 /// One resource under supervision.
 pub(super) struct Managed {
@@ -51,7 +53,120 @@ pub(super) struct Supervisor {
     pub(super) resources: Vec<Managed>,
 }
 
+/// The kubelet's registration socket, and its inode when last seen: a new inode is a restart.
+pub(super) struct KubeletSocket {
+    path: PathBuf,
+    ino: Option<u64>,
+}
+
+impl KubeletSocket {
+    pub(super) fn new(path: &std::path::Path) -> Self {
+        Self {
+            path: path.to_path_buf(),
+            ino: inode(path),
+        }
+    }
+
+    /// Whether the socket was created again since the last look.
+    fn restarted(&mut self) -> bool {
+        let now = inode(&self.path);
+        let restarted = now.is_some() && now != self.ino;
+        self.ino = now;
+        restarted
+    }
+}
+
 impl Supervisor {
+    /// One managed resource per device list of `publisher`, none started yet.
+    pub(super) fn new(options: &ServeOptions, publisher: &Publisher) -> Self {
+        let resources = publisher
+            .lists
+            .iter()
+            .map(|list| {
+                let backend = publisher.backend(list, &options.dev_root, &options.host_dev_root);
+                let socket_name = rocefabric_kubelet_api::socket_file_name(backend.resource_name());
+                Managed {
+                    backend,
+                    socket_path: options.plugin_dir.join(&socket_name),
+                    socket_name,
+                    server: None,
+                    registration: None,
+                    registering_since: None,
+                    failures: 0,
+                    retry_at: None,
+                }
+            })
+            .collect();
+        Self {
+            kubelet_socket: options.kubelet_socket.clone(),
+            backoff: options.registration_backoff,
+            start_attempts: options.start_attempts,
+            gave_up: None,
+            metrics: Arc::clone(&options.metrics),
+            resources,
+        }
+    }
+
+    /// Start (and register) every resource.
+    pub(super) async fn start_all(&mut self) {
+        for i in 0..self.resources.len() {
+            self.start(i).await;
+        }
+    }
+
+    /// Handle `first` and every event already queued behind it: a kubelet restart deletes our
+    /// sockets and then creates kubelet.sock, and one pass should handle it all.
+    pub(super) async fn on_dir_events(
+        &mut self,
+        first: DirEvent,
+        watcher: &mut DirWatcher,
+        kubelet: &mut KubeletSocket,
+    ) {
+        let mut kubelet_restarted = false;
+        let mut removed = Vec::new();
+        for e in std::iter::once(first).chain(std::iter::from_fn(|| watcher.try_next())) {
+            match e {
+                DirEvent::KubeletSocketCreated => kubelet_restarted = true,
+                DirEvent::OwnSocketRemoved(name) => removed.push(name),
+            }
+        }
+        if kubelet_restarted {
+            kubelet.ino = inode(&kubelet.path);
+            tracing::info!(socket = %kubelet.path.display(), "kubelet socket created");
+        }
+        self.handle(kubelet_restarted, &removed).await;
+    }
+
+    /// The slow check behind inotify: a kubelet restart or a lost socket it did not report, and
+    /// a resource unregistered for longer than `exit_after` (the error to exit with).
+    pub(super) async fn liveness_check(
+        &mut self,
+        kubelet: &mut KubeletSocket,
+        exit_after: Option<Duration>,
+    ) -> Option<ServeError> {
+        let kubelet_restarted = kubelet.restarted();
+        let broken: Vec<String> = self
+            .resources
+            .iter()
+            .filter(|m| m.retry_at.is_none() && !m.intact())
+            .map(|m| m.socket_name.clone())
+            .collect();
+        if kubelet_restarted || !broken.is_empty() {
+            tracing::warn!(
+                kubelet_restarted,
+                ?broken,
+                "liveness check found a change inotify did not report"
+            );
+            self.handle(kubelet_restarted, &broken).await;
+        }
+        let (resource, waited) =
+            exit_after.and_then(|limit| self.unregistered_longer_than(limit))?;
+        Some(ServeError::Unregistered {
+            resource,
+            kubelet_socket: self.kubelet_socket.clone(),
+            waited,
+        })
+    }
     /// (Re)start a resource's server and, once it serves, register it.
     pub(super) async fn start(&mut self, i: usize) {
         let m = &mut self.resources[i];
