@@ -1,7 +1,8 @@
 //! DRA mode on the real kubelet and scheduler (the suite installs the chart with `node.mode:
-//! both`): the node's ResourceSlice, claims the scheduler allocates with `matchAttribute` on the
-//! PCIe root, prepare and unprepare through the kubelet into CDI specs that containerd injects, a
-//! daemon killed in the middle of a prepare, and one ledger shared with the device plugin.
+//! both`): the node's ResourceSlice, and claims the scheduler allocates with `matchAttribute` on
+//! the PCIe root, prepared and unprepared through the kubelet into CDI specs that containerd
+//! injects. The ledger (a daemon killed mid-prepare, one ledger shared with the device plugin) is
+//! `dra_ledger`.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -12,26 +13,24 @@ use k8s_openapi::api::resource::v1::{
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::{Client, ResourceExt};
 use rocefabric_dra::checkpoint;
-use rocefabric_dra::devices::{
-    PCIE_ROOT_ATTRIBUTE, gpu_device_name, hca_device_name,
-};
-use rocefabric_node_testing::fixtures;
-use rocefabric_node_model::model::{Health, Inventory};
+use rocefabric_dra::devices::{PCIE_ROOT_ATTRIBUTE, gpu_device_name, hca_device_name};
 use rocefabric_e2e::cluster::{FABRIC_NETDEVS, LocalCluster};
 use rocefabric_e2e::workspace_root;
+use rocefabric_node_model::model::{Health, Inventory};
+use rocefabric_node_testing::fixtures;
 use serde_json::{Value, json};
 
 use crate::devices::{Granted, fixture_inventory};
 use crate::regions::pod_image;
 use crate::{
-    NAMESPACE, WORKLOAD_NAMESPACE, apply_value, create_pod, delete_pod, eventually, install_chart,
-    local_cluster, logs_with, node_daemon_selector, release_ready, running, test_fabric_value,
+    WORKLOAD_NAMESPACE, apply_value, create_pod, delete_pod, eventually, local_cluster, logs_with,
+    running, test_fabric_value,
 };
 
-const DRIVER: &str = "rocefabric.io";
+pub(crate) const DRIVER: &str = "rocefabric.io";
 
 /// The node's slice once `check` accepts it.
-async fn slice_where(
+pub(crate) async fn slice_where(
     client: &Client,
     node: &str,
     what: &str,
@@ -50,7 +49,7 @@ async fn slice_where(
     .await
 }
 
-fn device_names(slice: &ResourceSlice) -> BTreeSet<String> {
+pub(crate) fn device_names(slice: &ResourceSlice) -> BTreeSet<String> {
     slice
         .spec
         .devices
@@ -81,7 +80,7 @@ fn string_attr(slice: &ResourceSlice, device: &str, name: &str) -> Option<String
 }
 
 /// The fabric's HCAs on this node: veths, whose lossless QoS the agent can never prove.
-fn fabric_hca_names(inv: &Inventory) -> BTreeSet<String> {
+pub(crate) fn fabric_hca_names(inv: &Inventory) -> BTreeSet<String> {
     inv.hcas
         .iter()
         .filter(|h| {
@@ -113,7 +112,7 @@ fn pairs_template(name: &str, pairs: usize) -> Value {
 }
 
 /// The first document of kind `kind` in an example file, moved to the workload namespace.
-fn example(file: &str, kind: &str) -> Value {
+pub(crate) fn example(file: &str, kind: &str) -> Value {
     let text = std::fs::read_to_string(workspace_root().join("examples/dra").join(file))
         .unwrap_or_else(|e| panic!("examples/dra/{file}: {e}"));
     for doc in text.split("\n---") {
@@ -126,7 +125,7 @@ fn example(file: &str, kind: &str) -> Value {
     panic!("examples/dra/{file} has no {kind}");
 }
 
-async fn create_template(client: &Client, template: Value) -> String {
+pub(crate) async fn create_template(client: &Client, template: Value) -> String {
     let api: Api<ResourceClaimTemplate> = Api::namespaced(client.clone(), WORKLOAD_NAMESPACE);
     let template: ResourceClaimTemplate = serde_json::from_value(template).expect("template");
     let name = template.name_any();
@@ -142,7 +141,7 @@ async fn create_template(client: &Client, template: Value) -> String {
 }
 
 /// A pod holding a claim from `template`; it prints its environment and device nodes.
-fn claim_pod(name: &str, image: &str, template: &str) -> Value {
+pub(crate) fn claim_pod(name: &str, image: &str, template: &str) -> Value {
     json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": WORKLOAD_NAMESPACE},
@@ -159,7 +158,7 @@ fn claim_pod(name: &str, image: &str, template: &str) -> Value {
 }
 
 /// The claim a pod's template produced, once allocated.
-async fn pod_claim(client: &Client, pod: &str) -> ResourceClaim {
+pub(crate) async fn pod_claim(client: &Client, pod: &str) -> ResourceClaim {
     let pods: Api<Pod> = Api::namespaced(client.clone(), WORKLOAD_NAMESPACE);
     let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), WORKLOAD_NAMESPACE);
     eventually(&format!("pod {pod}'s claim allocated"), || async {
@@ -187,7 +186,7 @@ async fn pod_claim(client: &Client, pod: &str) -> ResourceClaim {
 }
 
 /// `(request, device)` of our driver in a claim's allocation.
-fn allocated(claim: &ResourceClaim) -> BTreeMap<String, String> {
+pub(crate) fn allocated(claim: &ResourceClaim) -> BTreeMap<String, String> {
     claim
         .status
         .as_ref()
@@ -202,7 +201,12 @@ fn allocated(claim: &ResourceClaim) -> BTreeMap<String, String> {
 }
 
 /// The container saw exactly the device nodes and environment of `devices` (pool names).
-fn assert_exactly(inv: &Inventory, devices: &BTreeSet<String>, seen: &Granted, logs: &str) {
+pub(crate) fn assert_exactly(
+    inv: &Inventory,
+    devices: &BTreeSet<String>,
+    seen: &Granted,
+    logs: &str,
+) {
     let hcas: Vec<_> = inv
         .hcas
         .iter()
@@ -276,15 +280,13 @@ fn assert_exactly(inv: &Inventory, devices: &BTreeSet<String>, seen: &Granted, l
     );
 }
 
-fn cdi_spec_path(local: &LocalCluster, claim_uid: &str) -> std::path::PathBuf {
+pub(crate) fn cdi_spec_path(local: &LocalCluster, claim_uid: &str) -> std::path::PathBuf {
     local
         .cdi_dir
-        .join(rocefabric_dra::cdi::spec_file_name(
-            claim_uid,
-        ))
+        .join(rocefabric_dra::cdi::spec_file_name(claim_uid))
 }
 
-fn checkpoint_claims(local: &LocalCluster) -> BTreeMap<String, checkpoint::ClaimRecord> {
+pub(crate) fn checkpoint_claims(local: &LocalCluster) -> BTreeMap<String, checkpoint::ClaimRecord> {
     checkpoint::load(&local.dra_plugin_dir().join("checkpoint.json"))
         .expect("the driver's checkpoint")
         .claims
@@ -541,179 +543,5 @@ fn dra_a_claim_for_more_pairs_than_the_node_has_stays_pending() {
         let p = pods.get("dra-nine-pairs").await.expect("pod");
         assert_eq!(p.status.and_then(|s| s.phase).as_deref(), Some("Pending"));
         delete_pod(&pods, "dra-nine-pairs").await;
-    });
-}
-
-#[test]
-fn dra_a_daemon_killed_mid_prepare_recovers() {
-    const TEST: &str = "dra_a_daemon_killed_mid_prepare_recovers";
-    let Some((ctx, local)) = local_cluster(TEST) else {
-        return;
-    };
-    let inv = fixture_inventory();
-    let image = pod_image(Some(&local));
-    // Each prepare pauses between its checkpoint record and its CDI spec.
-    install_chart(
-        Some(&local),
-        &json!({"node": {"devicePlugin": {"extraArgs": ["--dra-pause-after-checkpoint=15s"]}}}),
-    )
-    .expect("install with the pause");
-    ctx.rt.block_on(async {
-        let client = &ctx.client;
-        release_ready(client).await;
-        let pods: Api<Pod> = Api::namespaced(client.clone(), WORKLOAD_NAMESPACE);
-        let template = create_template(
-            client,
-            example("gpu-hca-pairs.yaml", "ResourceClaimTemplate"),
-        )
-        .await;
-        // A pair off the fabric's NICs is always available.
-        create_pod(&pods, claim_pod("dra-restart", &image, &template)).await;
-        let claim = pod_claim(client, "dra-restart").await;
-        let uid = claim.uid().expect("uid");
-        eventually("the prepare recorded, not finished", || async {
-            match checkpoint_claims(&local).get(&uid).map(|r| r.state) {
-                Some(checkpoint::ClaimState::Preparing) => Ok(()),
-                other => Err(format!("{other:?}")),
-            }
-        })
-        .await;
-        assert!(!cdi_spec_path(&local, &uid).exists());
-        // Kill the daemon there (no grace: as a crash or an OOM kill would).
-        let daemons: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
-        for p in daemons
-            .list(&kube::api::ListParams::default().labels(&node_daemon_selector()))
-            .await
-            .expect("daemon pods")
-        {
-            let _ = daemons
-                .delete(&p.name_any(), &DeleteParams::default().grace_period(0))
-                .await;
-        }
-        // The new daemon finds the record and the kubelet's retry completes the prepare.
-        running(&pods, "dra-restart").await;
-        let records = checkpoint_claims(&local);
-        assert_eq!(
-            records.get(&uid).map(|r| r.state),
-            Some(checkpoint::ClaimState::Prepared)
-        );
-        assert_eq!(
-            records.len(),
-            1,
-            "one record, no double prepare: {records:?}"
-        );
-        let logs = logs_with(&pods, "dra-restart", "done").await;
-        let devices: BTreeSet<String> = allocated(&claim).values().cloned().collect();
-        assert_exactly(&inv, &devices, &Granted::parse(&logs), &logs);
-        delete_pod(&pods, "dra-restart").await;
-        eventually("unprepared", || async {
-            (!checkpoint_claims(&local).contains_key(&uid))
-                .then_some(())
-                .ok_or("record still there".to_string())
-        })
-        .await;
-    });
-    install_chart(Some(&local), &Value::Null).expect("install without the pause");
-    ctx.rt.block_on(release_ready(&ctx.client));
-}
-
-#[test]
-fn dra_and_the_device_plugin_never_hand_one_hca_to_two_pods() {
-    const TEST: &str = "dra_and_the_device_plugin_never_hand_one_hca_to_two_pods";
-    let Some((ctx, local)) = local_cluster(TEST) else {
-        return;
-    };
-    let inv = fixture_inventory();
-    let image = pod_image(Some(&local));
-    ctx.rt.block_on(async {
-        let client = &ctx.client;
-        let pods: Api<Pod> = Api::namespaced(client.clone(), WORKLOAD_NAMESPACE);
-        let fabric_hcas = fabric_hca_names(&inv);
-        let free: Vec<_> = inv
-            .hcas
-            .iter()
-            .filter(|h| h.health == Health::Healthy && !fabric_hcas.contains(&hca_device_name(h)))
-            .collect();
-        let (claimed, other) = (free[0], free[1]);
-        // DRA takes one HCA by name.
-        let one_hca = |name: &str, rdma: &str| {
-            json!({
-                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-                "metadata": {"name": name, "namespace": WORKLOAD_NAMESPACE},
-                "spec": {"spec": {"devices": {"requests": [{"name": "hca", "exactly": {
-                    "deviceClassName": "hca.rocefabric.io", "count": 1,
-                    "selectors": [{"cel": {"expression":
-                        format!("device.attributes[\"{DRIVER}\"].rdmaDevice == \"{rdma}\"")}}]
-                }}]}}}
-            })
-        };
-        let template = create_template(client, one_hca("one-hca", &claimed.name)).await;
-        create_pod(&pods, claim_pod("dra-one-hca", &image, &template)).await;
-        running(&pods, "dra-one-hca").await;
-
-        // The device plugin now lists it Unhealthy: a pod asking for every other healthy HCA
-        // gets them, and none of them is the claimed one.
-        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
-        let node = local.node_name.clone();
-        let want_allocatable = (free.len() - 1) as i64;
-        eventually("rdma/hca allocatable without the claimed HCA", || async {
-            let n = nodes.get(&node).await.map_err(|e| e.to_string())?;
-            let got = n
-                .status
-                .and_then(|s| s.allocatable)
-                .and_then(|a| a.get("rdma/hca").map(|q| q.0.clone()))
-                .unwrap_or_default();
-            (got == want_allocatable.to_string())
-                .then_some(())
-                .ok_or(got)
-        })
-        .await;
-        let dp_pod = json!({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": "dp-all-hcas", "namespace": WORKLOAD_NAMESPACE},
-            "spec": {
-                "terminationGracePeriodSeconds": 0,
-                "containers": [{
-                    "name": "probe", "image": &image, "imagePullPolicy": "IfNotPresent",
-                    "command": ["sh", "-c", "env; echo done; exec sleep 3600"],
-                    "resources": {"limits": {"rdma/hca": want_allocatable.to_string()}}
-                }]
-            }
-        });
-        create_pod(&pods, dp_pod).await;
-        running(&pods, "dp-all-hcas").await;
-        let logs = logs_with(&pods, "dp-all-hcas", "done").await;
-        let granted: BTreeSet<String> = Granted::parse(&logs)
-            .env
-            .get("PCIDEVICE_RDMA_HCA")
-            .map(|v| v.split(',').map(String::from).collect())
-            .unwrap_or_default();
-        assert_eq!(granted.len(), free.len() - 1, "{logs}");
-        assert!(
-            !granted.contains(claimed.pci_address.as_deref().expect("pci")),
-            "{logs}"
-        );
-
-        // The other way round: an HCA the device plugin holds is withdrawn from the slice, so a
-        // claim naming it waits.
-        slice_where(client, &node, "the granted HCAs withdrawn", |s| {
-            let names = device_names(s);
-            (!names.contains(&hca_device_name(other)))
-                .then_some(())
-                .ok_or(format!("{names:?}"))
-        })
-        .await;
-        let template = create_template(client, one_hca("taken-hca", &other.name)).await;
-        create_pod(&pods, claim_pod("dra-taken-hca", &image, &template)).await;
-        tokio::time::sleep(std::time::Duration::from_secs(10)).await;
-        let p = pods.get("dra-taken-hca").await.expect("pod");
-        assert_eq!(p.status.and_then(|s| s.phase).as_deref(), Some("Pending"));
-
-        // Once the device plugin's pod is gone, the claim gets the HCA.
-        delete_pod(&pods, "dp-all-hcas").await;
-        running(&pods, "dra-taken-hca").await;
-        for name in ["dra-taken-hca", "dra-one-hca"] {
-            delete_pod(&pods, name).await;
-        }
     });
 }

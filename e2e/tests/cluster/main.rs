@@ -15,6 +15,7 @@
 mod api;
 mod devices;
 mod dra;
+mod dra_ledger;
 mod lifecycle;
 mod operator;
 mod rbac;

@@ -1,0 +1,255 @@
+//! Rendering with the values: lint, the default set of objects, the schema, the optional parts
+//! and the notes.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use rocefabric_e2e::manifests::{object_ref, of_kind};
+use rocefabric_e2e::workspace_root;
+use serde_json::{Value, json};
+
+use crate::helpers::{NAMESPACE, RELEASE, chart_dir, engine, render};
+
+#[test]
+fn lint_is_clean_in_strict_mode() {
+    let Some(engine) = engine("lint_is_clean_in_strict_mode") else {
+        return;
+    };
+    for values in [
+        Value::Null,
+        json!({"metrics": {"serviceMonitor": {"enabled": true}}, "networkPolicy": {"enabled": true}}),
+        json!({"node": {"qosAgent": {"enabled": false}}, "crds": {"install": false}}),
+        json!({"node": {"mode": "dra"}}),
+        json!({"node": {"mode": "both"}}),
+    ] {
+        let report = engine
+            .lint(&chart_dir(), &values)
+            .unwrap_or_else(|e| panic!("helm lint --strict with {values}: {e}"));
+        assert!(report.contains("1 chart(s), ok"), "{report}");
+    }
+}
+
+#[test]
+fn default_render_has_every_part_and_nothing_optional() {
+    let Some(engine) = engine("default_render_has_every_part_and_nothing_optional") else {
+        return;
+    };
+    let objects = render(&engine, Value::Null);
+    let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
+    for o in &objects {
+        *kinds
+            .entry(o["kind"].as_str().unwrap_or("?").to_string())
+            .or_default() += 1;
+    }
+    let expected: BTreeMap<String, usize> = [
+        ("CustomResourceDefinition", 2),
+        ("Deployment", 1),
+        ("DaemonSet", 1),
+        ("ServiceAccount", 2),
+        ("ClusterRole", 3),
+        ("ClusterRoleBinding", 3),
+        ("Role", 1),
+        ("RoleBinding", 1),
+        ("Service", 2),
+        ("ConfigMap", 1),
+        ("ValidatingAdmissionPolicy", 6),
+        ("ValidatingAdmissionPolicyBinding", 6),
+    ]
+    .into_iter()
+    .map(|(k, n)| (k.to_string(), n))
+    .collect();
+    assert_eq!(kinds, expected, "objects rendered with default values");
+    for o in &objects {
+        let cluster_scoped = o["kind"].as_str().is_some_and(|k| {
+            k.starts_with("Cluster") || k.starts_with("ValidatingAdmissionPolicy")
+        });
+        if o["kind"] != "CustomResourceDefinition" && !cluster_scoped {
+            assert_eq!(
+                o["metadata"]["namespace"],
+                NAMESPACE,
+                "{} is in the release namespace",
+                object_ref(o)
+            );
+        }
+    }
+}
+
+#[test]
+fn schema_rejects_typos_and_out_of_range_values() {
+    let Some(engine) = engine("schema_rejects_typos_and_out_of_range_values") else {
+        return;
+    };
+    let cases = [
+        (json!({"operator": {"replica": 2}}), "replica"),
+        (
+            json!({"node": {"tolerations": "nvidia.com/gpu"}}),
+            "tolerations",
+        ),
+        (
+            json!({"node": {"config": {"hca": {"sharedReplica": 2}}}}),
+            "sharedReplica",
+        ),
+        (
+            json!({"node": {"config": {"hca": {"sharedReplicas": 0}}}}),
+            "sharedReplicas",
+        ),
+        (
+            json!({"node": {"config": {"pollInterval": "1"}}}),
+            "pollInterval",
+        ),
+        (
+            json!({"node": {"config": {"qosGate": "sometimes"}}}),
+            "qosGate",
+        ),
+        (
+            json!({"node": {"config": {"gpu": {"resourceName": "gpu"}}}}),
+            "resourceName",
+        ),
+        (
+            json!({"node": {"qosAgent": {"metricsPort": 70000}}}),
+            "metricsPort",
+        ),
+        (json!({"operator": {"logFormat": "xml"}}), "logFormat"),
+        (
+            json!({"node": {"qosAgent": {"resyncInterval": "100ms"}}}),
+            "resyncInterval",
+        ),
+        (json!({"crds": {"install": "yes"}}), "install"),
+        (
+            json!({"serviceMonitor": {"enabled": true}}),
+            "serviceMonitor",
+        ),
+        (json!({"node": {"mode": "bogus"}}), "mode"),
+        (
+            json!({"node": {"hostPaths": {"cdi": "var/run/cdi"}}}),
+            "cdi",
+        ),
+    ];
+    for (values, field) in cases {
+        match engine.render(&chart_dir(), &values, RELEASE, NAMESPACE) {
+            Ok(_) => panic!("values {values} were accepted"),
+            Err(e) => {
+                let message = e.to_string();
+                assert!(
+                    message.contains("schema"),
+                    "{values}: not a schema error: {message}"
+                );
+                assert!(
+                    message.contains(field),
+                    "{values}: error does not name {field}: {message}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn optional_parts_follow_their_toggles() {
+    let Some(engine) = engine("optional_parts_follow_their_toggles") else {
+        return;
+    };
+    let defaults = render(&engine, Value::Null);
+    assert!(of_kind(&defaults, "ServiceMonitor").is_empty());
+    assert!(of_kind(&defaults, "NetworkPolicy").is_empty());
+
+    let on = render(
+        &engine,
+        json!({"metrics": {"serviceMonitor": {"enabled": true, "labels": {"release": "prom"}}},
+               "networkPolicy": {"enabled": true}}),
+    );
+    let monitors = of_kind(&on, "ServiceMonitor");
+    assert_eq!(monitors.len(), 2, "operator and node ServiceMonitors");
+    for m in &monitors {
+        assert_eq!(m["metadata"]["labels"]["release"], "prom");
+        // Each selects a Service the chart renders, on a port that Service has.
+        let selector = m["spec"]["selector"]["matchLabels"].clone();
+        let port = m["spec"]["endpoints"][0]["port"].clone();
+        let service = of_kind(&on, "Service")
+            .into_iter()
+            .find(|s| {
+                let labels = &s["metadata"]["labels"];
+                selector
+                    .as_object()
+                    .is_some_and(|sel| sel.iter().all(|(k, v)| &labels[k] == v))
+            })
+            .unwrap_or_else(|| panic!("{} selects no Service", object_ref(m)));
+        assert!(
+            service["spec"]["ports"]
+                .as_array()
+                .is_some_and(|ps| ps.iter().any(|p| p["name"] == port)),
+            "{} scrapes port {port} that {} lacks",
+            object_ref(m),
+            object_ref(service)
+        );
+    }
+    let policies = of_kind(&on, "NetworkPolicy");
+    assert_eq!(policies.len(), 1);
+    let policy = policies[0];
+    assert_eq!(
+        policy["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"],
+        "operator"
+    );
+    assert_eq!(policy["spec"]["policyTypes"], json!(["Ingress"]));
+    assert_eq!(
+        policy["spec"]["ingress"][0]["ports"],
+        json!([{"port": "http", "protocol": "TCP"}])
+    );
+
+    let off = render(
+        &engine,
+        json!({"operator": {"enabled": false}, "node": {"enabled": false}}),
+    );
+    let kinds: BTreeSet<&str> = off.iter().filter_map(|o| o["kind"].as_str()).collect();
+    assert_eq!(
+        kinds,
+        BTreeSet::from(["CustomResourceDefinition"]),
+        "only the CRDs remain"
+    );
+}
+
+#[test]
+fn notes_tell_the_user_what_to_apply_next() {
+    let Some(engine) = engine("notes_tell_the_user_what_to_apply_next") else {
+        return;
+    };
+    let notes = engine
+        .notes(&chart_dir(), &Value::Null)
+        .expect("NOTES.txt renders");
+    for needle in [
+        "kubectl apply -f examples/rocefabric-dgx.yaml",
+        "rocefabric-operator plan",
+        "kubectl apply -f examples/pod-rdma.yaml",
+        "rdma/hca",
+        "IPC_LOCK",
+        "rocefabric.io/region",
+        "-regions",
+    ] {
+        assert!(
+            notes.contains(needle),
+            "NOTES.txt lacks {needle:?}:\n{notes}"
+        );
+    }
+    // The example files the notes point at exist.
+    for file in ["examples/rocefabric-dgx.yaml", "examples/pod-rdma.yaml"] {
+        assert!(workspace_root().join(file).exists(), "{file}");
+    }
+    // DRA mode points at its example; the default mode does not.
+    assert!(!notes.contains("examples/dra/"), "{notes}");
+    let dra = engine
+        .notes(&chart_dir(), &json!({"node": {"mode": "dra"}}))
+        .expect("NOTES.txt renders");
+    for needle in [
+        "kubectl apply -f examples/dra/gpu-hca-pairs.yaml",
+        "hca.rocefabric.io",
+        "gpu.rocefabric.io",
+    ] {
+        assert!(
+            dra.contains(needle),
+            "NOTES.txt (dra) lacks {needle:?}:\n{dra}"
+        );
+    }
+    assert!(
+        workspace_root()
+            .join("examples/dra/gpu-hca-pairs.yaml")
+            .exists()
+    );
+}
