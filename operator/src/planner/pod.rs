@@ -1,14 +1,17 @@
-//! A pod as the planner reads it: its names, age and gates, and the region its annotation
-//! records; and which pods hold (or may get) a region at all.
+//! A pod as the planner reads it: its names, age and gates, the region its annotation records
+//! and what that claims in a fabric, the size it asks for; and which pods hold (or may get) a
+//! region at all.
 
 use std::borrow::Cow;
 
 use k8s_openapi::api::core::v1::{ObjectReference, Pod, PodSchedulingGate};
 use k8s_openapi::jiff::Timestamp;
-use rocefabric_api::constants::{REGION_ANNOTATION, REGION_SCHEDULING_GATE};
+use rocefabric_api::constants::{
+    REGION_ANNOTATION, REGION_SCHEDULING_GATE, REGION_SIZE_ANNOTATION,
+};
 use serde::Deserialize;
 
-use crate::regions;
+use crate::regions::{self, Geometry, Slots};
 
 /// A pod's `rocefabric.io/region` annotation, borrowed from the pod (the fields of
 /// [`RegionAssignment`](rocefabric_formats::region::RegionAssignment)).
@@ -118,4 +121,67 @@ pub(crate) fn is_live(pod: &Pod) -> bool {
         .as_ref()
         .is_some_and(|a| a.contains_key(REGION_ANNOTATION));
     !terminated && (pod.metadata.deletion_timestamp.is_none() || holds_region)
+}
+
+/// What a pod's annotation claims in a fabric.
+pub(crate) enum Claim {
+    None,
+    Existing(Slots),
+    /// An annotation that cannot stand: why.
+    Bad(String),
+}
+
+/// What a pod's annotation claims in `fabric`.
+pub(crate) fn claim_of(p: &PodRef<'_>, fabric: &str, geometry: Geometry) -> Claim {
+    match &p.annotation {
+        None => Claim::None,
+        Some(Ok(a))
+            if a.uid
+                .as_deref()
+                .is_some_and(|u| Some(u) != p.pod.metadata.uid.as_deref()) =>
+        {
+            Claim::Bad(format!(
+                "it was written for another pod (uid {}): a copied annotation is never honoured",
+                a.uid.as_deref().unwrap_or_default()
+            ))
+        }
+        Some(Ok(a)) if a.fabric == fabric => match geometry.window_slots(a.id, a.base, a.size) {
+            Ok(s) => Claim::Existing(s),
+            Err(e) => Claim::Bad(e.to_string()),
+        },
+        Some(Ok(a)) => Claim::Bad(format!("it records a region of fabric {:?}", a.fabric)),
+        Some(Err(e)) => Claim::Bad(e.clone()),
+    }
+}
+
+/// The slots a pod needs should it get a new window (its size annotation within the per-pod
+/// cap), or why it cannot be served.
+pub(crate) fn request_len(
+    p: &PodRef<'_>,
+    geometry: Geometry,
+    per_pod: Option<u32>,
+) -> Result<u32, regions::RegionError> {
+    let size_request = p
+        .pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(REGION_SIZE_ANNOTATION))
+        .map(String::as_str);
+    geometry
+        .slots_for_annotation(size_request)
+        .and_then(|len| match per_pod {
+            Some(cap) if len > cap => Err(regions::RegionError::PodCap { slots: len, cap }),
+            _ => Ok(len),
+        })
+}
+
+/// The message of a pod over its namespace's quota.
+pub(crate) fn over_quota_message(len: u32, namespace: &str, held: u64, cap: u32) -> String {
+    format!(
+        "needs {} region{}; namespace {} holds {held} of sharedMemory.maxRegionsPerNamespace {cap}",
+        len,
+        if len == 1 { "" } else { "s" },
+        namespace
+    )
 }

@@ -17,8 +17,8 @@ use rocefabric_formats::names::DIRECTORY_KEY;
 
 use super::super::RegionFindings;
 use super::super::directory::MAX_DIRECTORY_BYTES;
-use super::super::pod::PodRef;
-use super::super::pods::{self, Claim};
+use super::super::pod::{self, Claim, PodRef};
+use super::super::pods;
 use super::super::writes::{Write, region_directory_name};
 use super::keyed::Keyed;
 use crate::regions::{Cooling, Geometry, Ledger, SlotMap, Slots};
@@ -191,7 +191,7 @@ impl Regions {
             let p = PodRef::new(pod);
             let key = p.key();
             let sort = sort_key(&p);
-            let claim = pods::claim_of(&p, &self.fabric, self.geometry);
+            let claim = pod::claim_of(&p, &self.fabric, self.geometry);
             let held = match (self.live.get(&key), &claim) {
                 (Some(&s), Claim::Existing(c)) if *c == s => Held::Kept(s),
                 (Some(&s), Claim::None) => Held::Assigned(s),
@@ -199,7 +199,7 @@ impl Regions {
                 // A pod waiting with a recorded window may get it back in the claim phase.
                 (None, Claim::Existing(_) | Claim::Bad(_)) => return false,
                 (None, _) if exhausted.contains(key.as_str()) => {
-                    match pods::request_len(&p, self.geometry, self.per_pod) {
+                    match pod::request_len(&p, self.geometry, self.per_pod) {
                         Ok(len) => Held::Exhausted(len),
                         Err(_) => return false,
                     }
@@ -292,7 +292,7 @@ impl Regions {
             return Step::Full;
         }
         let k = p.key();
-        let held = match pods::request_len(&p, self.geometry, self.per_pod) {
+        let held = match pod::request_len(&p, self.geometry, self.per_pod) {
             Err(e) => {
                 self.bad.insert(sort.clone(), (k.clone(), e.to_string()));
                 Held::Bad
@@ -324,7 +324,7 @@ impl Regions {
         if let Some(cap) = self.per_namespace {
             let used = self.quota.entry(p.namespace.to_string()).or_default();
             if *used + u64::from(len) > u64::from(cap) {
-                let why = pods::over_quota_message(len, p.namespace, *used, cap);
+                let why = pod::over_quota_message(len, p.namespace, *used, cap);
                 self.over_quota.insert(sort.clone(), (k, why));
                 return Held::OverQuota;
             }
@@ -399,7 +399,7 @@ impl Regions {
         // Seen as recorded, the window counts first in the namespace's quota: the messages of
         // pods over the quota may change.
         let quota_messages = self.per_namespace.is_some() && !self.over_quota.is_empty();
-        match (held, pods::claim_of(&p, &self.fabric, self.geometry)) {
+        match (held, pod::claim_of(&p, &self.fabric, self.geometry)) {
             (Held::Assigned(s), Claim::Existing(c)) if c == s && !quota_messages => {
                 let sort = entry.sort.clone();
                 self.phase3.remove(&sort);
