@@ -546,6 +546,9 @@ pub async fn run(
     Ok(())
 }
 
+/// The kubelet's registration verdicts (`None` before the first).
+type Verdicts = watch::Receiver<Option<Result<(), String>>>;
+
 /// The kubelet-facing sockets: the DRA service and its plugin registration.
 struct Sockets {
     dra_socket: PathBuf,
@@ -560,7 +563,7 @@ impl Sockets {
     fn serve<C: ClaimSource>(
         options: &DraOptions,
         driver: &Arc<NodeDriver<C>>,
-    ) -> Result<(Self, watch::Receiver<Option<Result<(), String>>>), DraError> {
+    ) -> Result<(Self, Verdicts), DraError> {
         let (registered, registered_rx) = watch::channel(None);
         let dra_socket = options.dra_socket();
         let reg_socket = options.registration_socket();

@@ -9,7 +9,7 @@ use rocefabric_node_testing::fixtures::FixtureNode;
 use rocefabric_node_testing::kubelet_emulator::KubeletEmulator;
 
 use crate::COMPUTE_HCAS;
-use crate::serve_common::*;
+use crate::common::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allocate_two_hcas_returns_their_devices_and_exact_env() {

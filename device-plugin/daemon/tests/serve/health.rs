@@ -6,7 +6,7 @@ use rocefabric_node_model::fabric_view::FabricView;
 use rocefabric_node_testing::fixtures;
 use rocefabric_node_testing::kubelet_emulator::KubeletEmulator;
 
-use crate::serve_common::*;
+use crate::common::*;
 use crate::{COMPUTE_HCAS, numa_of};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,7 +7,7 @@ use rocefabric_node_testing::fixtures;
 use rocefabric_node_testing::kubelet_emulator::KubeletEmulator;
 
 use crate::ALL;
-use crate::serve_common::*;
+use crate::common::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubelet_restart_makes_every_resource_register_again_promptly() {

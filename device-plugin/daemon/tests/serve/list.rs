@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use rocefabric_node_testing::fixtures::{self, FixtureNode};
 
-use crate::serve_common::*;
+use crate::common::*;
 use crate::{ALL, COMPUTE_HCAS, numa_of};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

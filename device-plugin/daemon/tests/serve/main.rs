@@ -1,15 +1,16 @@
-//! The `serve` daemon against the kubelet emulator over real unix sockets, on the DGX H100 fixture.
+//! The `serve` daemon against the kubelet emulator over real unix sockets, on the DGX H100
+//! fixture and on trees with Soft-RoCE devices.
 
-#[path = "../serve_common/mod.rs"]
-mod serve_common;
+mod common;
 
 mod allocate;
 mod health;
 mod lifecycle;
 mod list;
+mod virtual_devices;
 
+use common::*;
 use rocefabric_kubelet_api::pb;
-use serve_common::*;
 
 pub(crate) const ALL: [&str; 3] = [HCA, GPU, GPU_HCA];
 

@@ -1,6 +1,5 @@
 //! Shared set-up of the `serve` tests: a fixture node in a temp dir, the daemon in-process, and the
 //! kubelet emulator on the same plugin directory.
-#![allow(dead_code)]
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -3,20 +3,18 @@
 //! `softRoce: exclude | include`. The same behaviour on a real rxe device is the `soft_roce`
 //! suite of `rocefabric-e2e` (a qemu VM).
 
-#![allow(clippy::unwrap_used)]
-
-mod serve_common;
+#![allow(clippy::unwrap_used)] // tests fail loudly on the unexpected
 
 use std::collections::BTreeMap;
 
+use crate::common::{HCA, Node, WAIT, fast_config, health_of, host_paths, ids, start};
 use rocefabric_api::NicSelector;
-use rocefabric_node_model::config::{Config, SoftRoce};
-use rocefabric_node_testing::fixtures::{self, FixtureNode};
-use rocefabric_node_model::inventory::discover;
 use rocefabric_kubelet_api::pb;
+use rocefabric_node_model::config::{Config, SoftRoce};
+use rocefabric_node_model::inventory::discover;
 use rocefabric_node_model::model::{Distance, Hca, Health, Inventory, PortState};
 use rocefabric_node_model::topology;
-use serve_common::{HCA, Node, WAIT, fast_config, health_of, host_paths, ids, start};
+use rocefabric_node_testing::fixtures::{self, FixtureNode};
 
 /// rxe0 on the VM fixture's eth0 (MAC 52:54:00:12:34:56): the node GUID is the MAC in EUI-64.
 const VM_RXE_ID: &str = "virtual-505400fffe123456";
