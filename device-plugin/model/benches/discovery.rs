@@ -63,7 +63,18 @@ fn benches(c: &mut Criterion) {
         .map(|d| d.id)
         .collect();
     c.bench_function("preferred 4 of 14 HCAs", |b| {
-        b.iter(|| allocation::preferred(ResourceKind::Hca, &inv, &cfg, black_box(&all), &[], 4))
+        b.iter(|| {
+            allocation::preferred(
+                ResourceKind::Hca,
+                &inv,
+                &cfg,
+                allocation::PreferredRequest {
+                    available: black_box(&all),
+                    must_include: &[],
+                    size: 4,
+                },
+            )
+        })
     });
     let mut shared = Config::default();
     shared.hca.shared_replicas = 16;
@@ -77,9 +88,11 @@ fn benches(c: &mut Criterion) {
                 ResourceKind::Hca,
                 &inv,
                 &shared,
-                black_box(&all_shared),
-                &[],
-                4,
+                allocation::PreferredRequest {
+                    available: black_box(&all_shared),
+                    must_include: &[],
+                    size: 4,
+                },
             )
         })
     });

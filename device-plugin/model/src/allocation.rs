@@ -342,6 +342,17 @@ impl Chooser {
     }
 }
 
+/// The kubelet's `GetPreferredAllocation` request for one container.
+#[derive(Clone, Copy, Debug)]
+pub struct PreferredRequest<'a> {
+    /// The IDs the kubelet may hand out.
+    pub available: &'a [String],
+    /// The IDs that must be part of the answer.
+    pub must_include: &'a [String],
+    /// How many IDs the container asks for.
+    pub size: usize,
+}
+
 /// The IDs to propose for a request of `size` devices among `available`, always including
 /// `must_include`; see the module docs for the order of preference. Returns fewer than `size`
 /// IDs when not enough healthy devices are available (the kubelet fills up the rest itself).
@@ -349,10 +360,13 @@ pub fn preferred(
     kind: ResourceKind,
     inv: &Inventory,
     cfg: &Config,
-    available: &[String],
-    must_include: &[String],
-    size: usize,
+    request: PreferredRequest<'_>,
 ) -> Vec<String> {
+    let PreferredRequest {
+        available,
+        must_include,
+        size,
+    } = request;
     let known: HashMap<String, Unit<'_>> = entries(kind, &Partition::new(inv, cfg), cfg)
         .into_iter()
         .collect();

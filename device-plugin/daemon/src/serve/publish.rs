@@ -254,9 +254,11 @@ impl DeviceBackend for ResourceBackend {
             self.kind,
             &state.inventory,
             &self.config,
-            available,
-            must_include,
-            size,
+            allocation::PreferredRequest {
+                available: available,
+                must_include: must_include,
+                size: size,
+            },
         ))
     }
 

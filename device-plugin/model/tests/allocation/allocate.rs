@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use proptest::prelude::*;
 use rocefabric_node_model::allocation::{
-    AllocateError, ResourceKind, advertised, allocate, preferred,
+    AllocateError, PreferredRequest, ResourceKind, advertised, allocate, preferred,
 };
 use rocefabric_node_model::config::Config;
 use rocefabric_node_model::model::Inventory;
@@ -351,7 +351,16 @@ fn allocate_refuses_a_device_another_resource_owns() {
         .is_ok()
     );
     let every_hca: Vec<String> = dgx().hcas.iter().map(|h| h.id.clone()).collect();
-    let got = preferred(ResourceKind::Hca, dgx(), &cfg, &every_hca, &[], 14);
+    let got = preferred(
+        ResourceKind::Hca,
+        dgx(),
+        &cfg,
+        PreferredRequest {
+            available: &every_hca,
+            must_include: &[],
+            size: 14,
+        },
+    );
     assert_eq!(got.len(), 6, "{got:?}");
     assert!(!got.contains(&"0000:18:00.0".to_string()), "{got:?}");
     // With the pair resource off the same HCA is rdma/hca's again.

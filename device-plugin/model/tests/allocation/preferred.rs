@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 
 use proptest::prelude::*;
-use rocefabric_node_model::allocation::{ResourceKind, advertised, preferred};
+use rocefabric_node_model::allocation::{PreferredRequest, ResourceKind, advertised, preferred};
 use rocefabric_node_model::config::Config;
 use rocefabric_node_testing::fixtures::FixtureNode;
 
@@ -19,7 +19,16 @@ fn preferred_keeps_to_one_numa_node_and_the_tightest_group() {
         .collect();
     // The tightest pair on the node: two ports of one card (PIX).
     assert_eq!(
-        preferred(ResourceKind::Hca, dgx(), &cfg, &all, &[], 2),
+        preferred(
+            ResourceKind::Hca,
+            dgx(),
+            &cfg,
+            PreferredRequest {
+                available: &all,
+                must_include: &[],
+                size: 2
+            }
+        ),
         ["0000:29:00.0", "0000:29:00.1"]
     );
     // Growing around a NUMA 1 device stays on NUMA 1 and takes a PIX pair with it.
@@ -27,9 +36,11 @@ fn preferred_keeps_to_one_numa_node_and_the_tightest_group() {
         ResourceKind::Hca,
         dgx(),
         &cfg,
-        &all,
-        &ids(&["0000:9a:00.0"]),
-        3,
+        PreferredRequest {
+            available: &all,
+            must_include: &ids(&["0000:9a:00.0"]),
+            size: 3,
+        },
     );
     assert_eq!(got, ["0000:9a:00.0", "0000:82:00.0", "0000:82:00.1"]);
     // Six HCAs fit on NUMA 0 only when they are NUMA 0's six.
@@ -37,9 +48,11 @@ fn preferred_keeps_to_one_numa_node_and_the_tightest_group() {
         ResourceKind::Hca,
         dgx(),
         &cfg,
-        &all,
-        &ids(&["0000:18:00.0"]),
-        6,
+        PreferredRequest {
+            available: &all,
+            must_include: &ids(&["0000:18:00.0"]),
+            size: 6,
+        },
     );
     assert!(
         got.iter()
@@ -56,9 +69,11 @@ fn preferred_keeps_to_one_numa_node_and_the_tightest_group() {
         ResourceKind::Gpu,
         dgx(),
         &cfg,
-        &gpus,
-        &ids(&["0000:d1:00.0"]),
-        4,
+        PreferredRequest {
+            available: &gpus,
+            must_include: &ids(&["0000:d1:00.0"]),
+            size: 4,
+        },
     );
     assert_eq!(
         got,
@@ -74,7 +89,16 @@ fn preferred_keeps_to_one_numa_node_and_the_tightest_group() {
         .into_iter()
         .map(|d| d.id)
         .collect();
-    let got = preferred(ResourceKind::GpuHca, dgx(), &cfg, &pairs[3..], &[], 2);
+    let got = preferred(
+        ResourceKind::GpuHca,
+        dgx(),
+        &cfg,
+        PreferredRequest {
+            available: &pairs[3..],
+            must_include: &[],
+            size: 2,
+        },
+    );
     assert!(
         got.iter()
             .all(|id| numa_of(dgx(), ResourceKind::GpuHca, &cfg, id) == Some(1)),
@@ -91,7 +115,16 @@ fn preferred_never_proposes_an_unhealthy_device() {
         .map(|d| d.id)
         .collect();
     for size in 1..=14 {
-        let got = preferred(ResourceKind::Hca, &inv, &cfg, &all, &[], size);
+        let got = preferred(
+            ResourceKind::Hca,
+            &inv,
+            &cfg,
+            PreferredRequest {
+                available: &all,
+                must_include: &[],
+                size: size,
+            },
+        );
         assert!(
             !got.contains(&"0000:40:00.0".to_string()),
             "size {size}: {got:?}"
@@ -103,9 +136,11 @@ fn preferred_never_proposes_an_unhealthy_device() {
         ResourceKind::Hca,
         &inv,
         &cfg,
-        &all,
-        &ids(&["0000:40:00.0"]),
-        2,
+        PreferredRequest {
+            available: &all,
+            must_include: &ids(&["0000:40:00.0"]),
+            size: 2,
+        },
     );
     assert_eq!(got[0], "0000:40:00.0");
     assert_eq!(got.len(), 2);
@@ -114,9 +149,11 @@ fn preferred_never_proposes_an_unhealthy_device() {
         ResourceKind::Hca,
         &inv,
         &cfg,
-        &ids(&["bogus", "0000:18:00.0"]),
-        &[],
-        2,
+        PreferredRequest {
+            available: &ids(&["bogus", "0000:18:00.0"]),
+            must_include: &[],
+            size: 2,
+        },
     );
     assert_eq!(got, ["0000:18:00.0"]);
 }
@@ -128,7 +165,16 @@ fn preferred_spreads_shared_replicas() {
         .into_iter()
         .map(|d| d.id)
         .collect();
-    let got = preferred(ResourceKind::Hca, dgx(), &cfg, &all, &[], 2);
+    let got = preferred(
+        ResourceKind::Hca,
+        dgx(),
+        &cfg,
+        PreferredRequest {
+            available: &all,
+            must_include: &[],
+            size: 2,
+        },
+    );
     assert_eq!(
         got,
         ["0000:29:00.0#0", "0000:29:00.1#0"],
@@ -137,13 +183,31 @@ fn preferred_spreads_shared_replicas() {
     // A single-HCA request goes to the HCA with the most free replicas.
     let avail = ids(&["0000:18:00.0#1", "0000:40:00.0#0", "0000:40:00.0#1"]);
     assert_eq!(
-        preferred(ResourceKind::Hca, dgx(), &cfg, &avail, &[], 1),
+        preferred(
+            ResourceKind::Hca,
+            dgx(),
+            &cfg,
+            PreferredRequest {
+                available: &avail,
+                must_include: &[],
+                size: 1
+            }
+        ),
         ["0000:40:00.0#0"]
     );
     // Two replicas of one HCA only when nothing else is left.
     let avail = ids(&["0000:18:00.0#0", "0000:18:00.0#1"]);
     assert_eq!(
-        preferred(ResourceKind::Hca, dgx(), &cfg, &avail, &[], 2),
+        preferred(
+            ResourceKind::Hca,
+            dgx(),
+            &cfg,
+            PreferredRequest {
+                available: &avail,
+                must_include: &[],
+                size: 2
+            }
+        ),
         avail
     );
 }
@@ -170,7 +234,7 @@ proptest! {
             .map(|(id, _)| id.clone())
             .take(size)
             .collect();
-        let got = preferred(ResourceKind::Hca, dgx(), cfg, &available, &must, size);
+        let got = preferred(ResourceKind::Hca, dgx(), cfg, PreferredRequest { available: &available, must_include: &must, size: size });
         let set: BTreeSet<&String> = got.iter().collect();
         prop_assert_eq!(set.len(), got.len(), "distinct");
         prop_assert_eq!(got.len(), size.min(available.len()));
@@ -184,6 +248,6 @@ proptest! {
         let k = (shuffle % (reordered.len().max(1) as u64)) as usize;
         reordered.rotate_left(k);
         reordered.reverse();
-        prop_assert_eq!(preferred(ResourceKind::Hca, dgx(), cfg, &reordered, &must, size), got);
+        prop_assert_eq!(preferred(ResourceKind::Hca, dgx(), cfg, PreferredRequest { available: &reordered, must_include: &must, size: size }), got);
     }
 }
