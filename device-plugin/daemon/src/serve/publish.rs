@@ -255,9 +255,9 @@ impl DeviceBackend for ResourceBackend {
             &state.inventory,
             &self.config,
             allocation::PreferredRequest {
-                available: available,
-                must_include: must_include,
-                size: size,
+                available,
+                must_include,
+                size,
             },
         ))
     }

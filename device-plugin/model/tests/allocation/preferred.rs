@@ -122,7 +122,7 @@ fn preferred_never_proposes_an_unhealthy_device() {
             PreferredRequest {
                 available: &all,
                 must_include: &[],
-                size: size,
+                size,
             },
         );
         assert!(
