@@ -234,7 +234,12 @@ proptest! {
             .map(|(id, _)| id.clone())
             .take(size)
             .collect();
-        let got = preferred(ResourceKind::Hca, dgx(), cfg, PreferredRequest { available: &available, must_include: &must, size: size });
+        let request = PreferredRequest {
+            available: &available,
+            must_include: &must,
+            size,
+        };
+        let got = preferred(ResourceKind::Hca, dgx(), cfg, request);
         let set: BTreeSet<&String> = got.iter().collect();
         prop_assert_eq!(set.len(), got.len(), "distinct");
         prop_assert_eq!(got.len(), size.min(available.len()));
@@ -248,6 +253,6 @@ proptest! {
         let k = (shuffle % (reordered.len().max(1) as u64)) as usize;
         reordered.rotate_left(k);
         reordered.reverse();
-        prop_assert_eq!(preferred(ResourceKind::Hca, dgx(), cfg, PreferredRequest { available: &reordered, must_include: &must, size: size }), got);
+        prop_assert_eq!(preferred(ResourceKind::Hca, dgx(), cfg, PreferredRequest { available: &reordered, must_include: &must, size }), got);
     }
 }
