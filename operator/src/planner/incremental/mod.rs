@@ -8,7 +8,13 @@
 //! while pods wait, a conflict) make the next plan a full pass, after which the indexes are
 //! rebuilt from it. The property test `operator/tests/incremental.rs` checks that both give the
 //! same plan after any sequence of changes.
+//!
+//! Files: this one takes the changes; `build` rebuilds the indexes from a full pass and
+//! `assemble` reads a plan off them; `nodes` and `regions` are the node and region indexes,
+//! `keyed` the objects held, in a `Vec` with an index by key.
 
+mod assemble;
+mod build;
 mod keyed;
 mod nodes;
 mod regions;
@@ -16,22 +22,19 @@ mod regions;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use rocefabric_api::constants::FABRIC_LABEL;
-use rocefabric_api::{RegionCounts, RoceFabric, RoceNode};
+use rocefabric_api::{RoceFabric, RoceNode};
 
 use super::pod::{self, PodRef};
-use super::pods;
-use super::report::PlanReport;
-use super::rollout::RolloutCounts;
-use super::selection::{self, ParsedFabric, Route, Router};
+use super::selection::{self, Route, Router};
 use super::writes::{Write, region_directory_name};
-use super::{Plan, PlanOptions, RegionFindings, World, directory_order, status};
+use super::{Plan, PlanOptions, World};
 use crate::regions::{FreedRegions, Ledger};
 use keyed::Keyed;
 use nodes::{NodeSelectors, Owner, Rollout};
-use regions::{FullPass, PodKey, Regions, Step};
+use regions::{PodKey, Regions, Step};
 
 /// How the planner has been working, for logs and benchmarks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -516,143 +519,6 @@ impl Incremental {
 }
 
 impl State {
-    fn build<'w>(
-        world: &'w World,
-        plan: &Plan,
-        mut findings: HashMap<String, RegionFindings>,
-        roce_node: &dyn Fn(&str) -> Option<&'w RoceNode>,
-    ) -> Self {
-        let validation: Vec<_> = world
-            .fabrics
-            .iter()
-            .map(selection::validation_errors)
-            .collect();
-        let views: Vec<ParsedFabric<'_>> = world
-            .fabrics
-            .iter()
-            .zip(&validation)
-            .map(|(f, errors)| ParsedFabric::checked(f, errors.clone()))
-            .collect();
-        let age = selection::age_order(&views);
-        let router = Router::new(&views, &age);
-        let selectors = NodeSelectors::new(&views, &age);
-        let n = views.len();
-        let mut state = State {
-            router,
-            selectors,
-            fabric_by_name: views
-                .iter()
-                .enumerate()
-                .map(|(i, f)| (f.name.to_string(), i))
-                .collect(),
-            active: views.iter().map(ParsedFabric::active).collect(),
-            owners: HashMap::new(),
-            owned: vec![0; n],
-            conflicting: vec![BTreeMap::new(); n],
-            rollouts: views
-                .iter()
-                .map(|f| f.active().then(|| Rollout::new(f)))
-                .collect(),
-            regions: (0..n).map(|_| None).collect(),
-            deletes: plan.report.deleted_roce_nodes.iter().cloned().collect(),
-            unmatched: BTreeMap::new(),
-            told: plan.freed.unmatched.clone(),
-            other_directory_writes: Vec::new(),
-            kept_ledgers: BTreeMap::new(),
-            validation: validation.clone(),
-            since: plan.freed.since,
-        };
-        for node in &world.nodes {
-            let name = node.metadata.name.clone().unwrap_or_default();
-            let owner = state.selectors.owner_of(node);
-            state.move_node(&name, owner, roce_node(&name));
-        }
-
-        // Pods by fabric, and the writes of the pass by pod and by directory.
-        let mut routed: Vec<Vec<&Pod>> = vec![Vec::new(); n];
-        for pod in world.pods.iter().filter(|p| pod::is_live(p)) {
-            let p = PodRef::new(pod);
-            match state.router.route(&p) {
-                Route::To(f) => routed[f].push(pod),
-                Route::Unmatched => {
-                    state.unmatched.insert(
-                        (p.namespace.to_string(), p.name.to_string()),
-                        unmatched_id(&p),
-                    );
-                }
-                Route::Skip => {}
-            }
-        }
-        let mut pod_writes: HashMap<PodKey, Vec<Write>> = HashMap::new();
-        let mut dir_writes: HashMap<String, BTreeMap<String, Write>> = HashMap::new();
-        for w in &plan.writes {
-            match w {
-                Write::AnnotatePodRegion { namespace, pod, .. }
-                | Write::RemovePodGate { namespace, pod, .. } => pod_writes
-                    .entry((namespace.clone(), pod.clone()))
-                    .or_default()
-                    .push(w.clone()),
-                Write::ApplyRegionDirectory {
-                    namespace, fabric, ..
-                }
-                | Write::DeleteRegionDirectory { namespace, fabric } => {
-                    let regions_here = state
-                        .fabric_by_name
-                        .get(fabric)
-                        .is_some_and(|&f| views[f].active() && views[f].pods.is_some());
-                    if regions_here {
-                        dir_writes
-                            .entry(fabric.clone())
-                            .or_default()
-                            .insert(namespace.clone(), w.clone());
-                    } else {
-                        state.other_directory_writes.push(w.clone());
-                    }
-                }
-                _ => {}
-            }
-        }
-        let report_of = |name: &str| plan.report.fabrics.iter().find(|r| r.name == name);
-        for (f, view) in views.iter().enumerate() {
-            let Some(ledger) = plan.freed.fabrics.get(view.name) else {
-                continue;
-            };
-            let (Some(sel), true) = (&view.pods, view.active()) else {
-                state
-                    .kept_ledgers
-                    .insert(view.name.to_string(), ledger.clone());
-                continue;
-            };
-            let report = report_of(view.name).cloned().unwrap_or_default();
-            let mut writes = BTreeMap::new();
-            for pod in &routed[f] {
-                let key = (
-                    pod.metadata.namespace.clone().unwrap_or_default(),
-                    pod.metadata.name.clone().unwrap_or_default(),
-                );
-                if let Some(w) = pod_writes.remove(&key) {
-                    writes.insert(key, w);
-                }
-            }
-            state.regions[f] = Some(Regions::build(FullPass {
-                fabric: view.name,
-                uid: view.uid,
-                geometry: sel.geometry,
-                per_pod: sel.per_pod,
-                per_namespace: sel.per_namespace,
-                pods: std::mem::take(&mut routed[f]),
-                ledger: ledger.clone(),
-                findings: findings.remove(view.name).unwrap_or_default(),
-                pod_writes: writes,
-                dir_writes: dir_writes.remove(view.name).unwrap_or_default(),
-                live_slots: report.regions_allocated,
-                region_count: report.region_count,
-                cooling_slots: report.regions_cooling,
-            }));
-        }
-        state
-    }
-
     /// Move node `name` to `owner`.
     fn move_node(&mut self, name: &str, owner: Owner, rn: Option<&RoceNode>) {
         let old = self.owners.get(name).cloned().unwrap_or_default();
@@ -741,132 +607,6 @@ impl State {
                 _ => Step::Full,
             },
             _ => Step::Done,
-        }
-    }
-
-    /// The plan now, read off the indexes.
-    fn assemble(&mut self, world: &Incremental, now: Timestamp) -> Plan {
-        let time = Time(now);
-        let views: Vec<ParsedFabric<'_>> = world
-            .fabrics
-            .iter()
-            .zip(&self.validation)
-            .map(|(f, errors)| ParsedFabric::checked(f, errors.clone()))
-            .collect();
-        let mut by_name: Vec<usize> = (0..views.len()).collect();
-        by_name.sort_by_key(|&f| views[f].name);
-
-        let mut writes: Vec<Write> = self
-            .deletes
-            .iter()
-            .map(|name| Write::DeleteRoceNode { name: name.clone() })
-            .collect();
-        let mut roce_node_writes = Vec::new();
-        let mut counts: Vec<Option<RolloutCounts>> = vec![None; views.len()];
-        for (f, r) in self.rollouts.iter().enumerate() {
-            if let Some(r) = r {
-                counts[f] =
-                    Some(r.plan(&world.fabrics[f], &world.roce_nodes, &mut roce_node_writes));
-            }
-        }
-        roce_node_writes.sort_by(|a, b| super::write_name(a).cmp(super::write_name(b)));
-        writes.extend(roce_node_writes);
-
-        let mut pod_writes: Vec<(&PodKey, &Vec<Write>)> = self
-            .regions
-            .iter()
-            .flatten()
-            .flat_map(Regions::pod_writes)
-            .collect();
-        pod_writes.sort_by(|a, b| a.0.cmp(b.0));
-        writes.extend(pod_writes.into_iter().flat_map(|(_, w)| w.iter().cloned()));
-
-        let mut dir_writes: Vec<Write> = self
-            .regions
-            .iter()
-            .flatten()
-            .flat_map(Regions::directory_writes)
-            .chain(&self.other_directory_writes)
-            .cloned()
-            .collect();
-        dir_writes.sort_by(|a, b| directory_order(a).cmp(&directory_order(b)));
-        writes.extend(dir_writes);
-
-        let mut report = PlanReport::default();
-        let mut fabric_events = Vec::new();
-        for &f in &by_name {
-            let view = &views[f];
-            let mut fr = super::report_start(view, self.owned[f], self.conflicting[f].len());
-            let Some(rollout) = counts[f].take() else {
-                if !view.deleting {
-                    let (write, events) = status::invalid_status(view, &time);
-                    writes.extend(write);
-                    fabric_events.extend(events);
-                }
-                report.fabrics.push(fr);
-                continue;
-            };
-            let (findings, (live_slots, region_count, cooling_slots)) = match &self.regions[f] {
-                Some(r) => (r.findings(), r.figures()),
-                None => (RegionFindings::default(), (0, 0, 0)),
-            };
-            let conflicting: Vec<(String, String)> = self.conflicting[f]
-                .iter()
-                .map(|(n, &o)| (n.clone(), views[o].name.to_string()))
-                .collect();
-            let facts = status::Facts {
-                rollout,
-                conflicting,
-                regions: RegionCounts {
-                    allocated: live_slots,
-                    capacity: fr.region_capacity,
-                },
-                exhausted: findings.exhausted,
-                bad_requests: findings.bad_requests,
-                too_large: findings.too_large,
-                conflicts: findings.conflicts,
-                over_quota: findings.over_quota,
-            };
-            let (write, events) = status::valid_status(view, &facts, &time);
-            writes.extend(write);
-            fabric_events.extend(events);
-            super::report_active(
-                &mut fr,
-                view,
-                &facts,
-                (live_slots, region_count, cooling_slots),
-            );
-            report.fabrics.push(fr);
-        }
-        writes.extend(fabric_events.into_iter().map(Write::Event));
-        let mut told = BTreeSet::new();
-        for (key, id) in &self.unmatched {
-            if !self.told.contains(id)
-                && let Some(pod) = world.pods.get(key)
-            {
-                writes.push(Write::Event(pods::unmatched_event(&PodRef::new(pod))));
-            }
-            told.insert(id.clone());
-        }
-        self.told = told;
-        report.deleted_roce_nodes = self.deletes.iter().cloned().collect();
-        let requeue_after = self
-            .regions
-            .iter()
-            .flatten()
-            .filter_map(|r| r.next_expiry(now))
-            .chain(
-                self.kept_ledgers
-                    .values()
-                    .flat_map(|l| l.cooling.iter().map(|c| c.until).filter(|u| *u > now)),
-            )
-            .min()
-            .map(|until| until.duration_since(now).unsigned_abs());
-        Plan {
-            writes,
-            report,
-            freed: FreedRegions::default(),
-            requeue_after,
         }
     }
 }
