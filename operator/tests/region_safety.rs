@@ -23,7 +23,6 @@ use rocefabric_operator::regions::FreedRegions;
 use rocefabric_operator_testing::objects::*;
 use support::*;
 
-const MEMBER: (&str, &str) = ("rocefabric.io/fabric", "f");
 const APP: (&str, &str) = ("app", "x");
 
 #[derive(Clone, Debug)]

@@ -10,12 +10,40 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use rocefabric_api::constants::{REGION_ANNOTATION, REGION_SCHEDULING_GATE};
 use rocefabric_api::{RoceFabric, RoceNode};
+use rocefabric_formats::directory::{self, DirectoryEntry};
+use rocefabric_formats::names::DIRECTORY_KEY;
 use rocefabric_formats::region::RegionAssignment;
 use rocefabric_operator::planner::writes::{
     region_directory_name, region_directory_object, roce_node_object,
 };
 use rocefabric_operator::planner::{Event, Plan, PlanOptions, World, Write, plan};
-use rocefabric_operator_testing::objects::{T0, agent_status, now, remove_region_gate, ts};
+use rocefabric_operator_testing::objects::{
+    T0, agent_status, fabric, now, remove_region_gate, ts, with_shared_memory,
+};
+
+/// A gibibyte.
+pub const GI: u64 = 1 << 30;
+/// The label that puts a pod in fabric `f` (the default pod selector).
+pub const MEMBER: (&str, &str) = ("rocefabric.io/fabric", "f");
+
+/// Fabric `f` selecting no node, with `max` regions of 1 GiB for the pods labelled [`MEMBER`].
+pub fn shm(max: u32) -> RoceFabric {
+    with_shared_memory(fabric("f", 0, &[]), "1Gi", max, &[])
+}
+
+/// The entries of fabric `f`'s region directory in namespace `ns`, if there is one.
+pub fn directory_of(w: &World, ns: &str) -> Option<Vec<DirectoryEntry>> {
+    w.config_maps
+        .iter()
+        .find(|cm| {
+            cm.metadata.namespace.as_deref() == Some(ns)
+                && cm.metadata.name.as_deref() == Some("f-regions")
+        })
+        .map(|cm| {
+            let data = cm.data.as_ref().expect("a directory has data");
+            directory::parse(&data[DIRECTORY_KEY]).expect("a directory")
+        })
+}
 
 pub fn world(fabrics: Vec<RoceFabric>, nodes: Vec<Node>, pods: Vec<Pod>) -> World {
     World {
