@@ -287,15 +287,23 @@ impl<C: ClaimSource> NodeDriver<C> {
         }
     }
 
-    async fn prepare_one(&self, claim: &ClaimRef) -> Result<Vec<Device>, String> {
-        let mut checkpoint = self.checkpoint.lock().await;
+    /// The answer of a claim already prepared (its record says so and its spec is on disk).
+    fn prepared(&self, checkpoint: &Checkpoint, claim: &ClaimRef) -> Option<Vec<Device>> {
         let spec_path = self.options.cdi_dir.join(cdi::spec_file_name(&claim.uid));
-        if let Some(record) = checkpoint.claims.get(&claim.uid)
-            && record.state == ClaimState::Prepared
-            && spec_path.exists()
-        {
+        checkpoint
+            .claims
+            .get(&claim.uid)
+            .filter(|record| record.state == ClaimState::Prepared && spec_path.exists())
+            .map(answer)
+    }
+
+    /// Prepare one claim. The network calls (the ResourceClaim GET, the pod resources List) run
+    /// before the checkpoint lock is taken, so a hung call never stalls another claim's prepare or
+    /// any unprepare; what they learned is checked again under the lock.
+    async fn prepare_one(&self, claim: &ClaimRef) -> Result<Vec<Device>, String> {
+        if let Some(devices) = self.prepared(&*self.checkpoint.lock().await, claim) {
             tracing::debug!(%claim, "already prepared");
-            return Ok(answer(record));
+            return Ok(devices);
         }
         let object = self.claims.claim(&claim.namespace, &claim.name).await?;
         let pool = &self.options.node_name;
@@ -308,8 +316,14 @@ impl<C: ClaimSource> NodeDriver<C> {
             host_dev_root: &self.options.host_dev_root,
         };
         let plan = prepare::plan(claim, &allocated, &node).map_err(|e| e.to_string())?;
-        let physical: BTreeSet<String> = plan.devices.iter().map(|d| d.physical.clone()).collect();
         self.refresh_grants().await;
+
+        let mut checkpoint = self.checkpoint.lock().await;
+        if let Some(devices) = self.prepared(&checkpoint, claim) {
+            tracing::debug!(%claim, "prepared meanwhile");
+            return Ok(devices);
+        }
+        let physical: BTreeSet<String> = plan.devices.iter().map(|d| d.physical.clone()).collect();
         self.ledger
             .take_for_claim(
                 &claim.uid,
@@ -324,32 +338,57 @@ impl<C: ClaimSource> NodeDriver<C> {
             state: ClaimState::Preparing,
             devices: plan.devices,
         };
-        checkpoint.claims.insert(claim.uid.clone(), record.clone());
-        if let Err(error) = self.save(&checkpoint) {
-            checkpoint.claims.remove(&claim.uid);
-            self.ledger.release_claim(&claim.uid);
+        let had_record = checkpoint.claims.contains_key(&claim.uid);
+        if let Err(error) = self.commit(&mut checkpoint, &claim.uid, Some(record.clone())) {
+            if !had_record {
+                self.ledger.release_claim(&claim.uid);
+            }
             return Err(error);
         }
         if let Some(pause) = self.options.pause_after_checkpoint {
             tracing::warn!(%claim, ?pause, "test hook: pausing mid-prepare");
             tokio::time::sleep(pause).await;
         }
+        let spec_path = self.options.cdi_dir.join(cdi::spec_file_name(&claim.uid));
         cdi::write_spec(&self.options.cdi_dir, &claim.uid, &plan.spec)
             .map_err(|e| format!("cannot write CDI spec {}: {e}", spec_path.display()))?;
         record.state = ClaimState::Prepared;
-        checkpoint.claims.insert(claim.uid.clone(), record.clone());
-        self.save(&checkpoint)?;
+        // On failure the record stays `preparing`, on disk and here: the kubelet's retry
+        // completes it.
+        self.commit(&mut checkpoint, &claim.uid, Some(record.clone()))?;
         tracing::info!(%claim, uid = %claim.uid,
             devices = ?record.devices.iter().map(|d| d.device.as_str()).collect::<Vec<_>>(), "prepared");
         Ok(answer(&record))
     }
 
+    /// Set claim `uid`'s record (`None`: remove it) on disk first, then in memory: memory never
+    /// says what the disk does not. On a failed save both keep the previous state.
+    fn commit(
+        &self,
+        checkpoint: &mut Checkpoint,
+        uid: &str,
+        record: Option<ClaimRecord>,
+    ) -> Result<(), String> {
+        let mut next = checkpoint.clone();
+        match record {
+            Some(record) => next.claims.insert(uid.to_string(), record),
+            None => next.claims.remove(uid),
+        };
+        self.save(&next)?;
+        *checkpoint = next;
+        Ok(())
+    }
+
+    /// Unprepare one claim: the spec, then the record, then the ledger. Needs no API call; a
+    /// failed checkpoint save keeps the claim (and its devices) everywhere, and the kubelet
+    /// retries.
     async fn unprepare_one(&self, claim: &ClaimRef) -> Result<(), String> {
         let mut checkpoint = self.checkpoint.lock().await;
         cdi::remove_spec(&self.options.cdi_dir, &claim.uid)
             .map_err(|e| format!("cannot remove the CDI spec of claim {claim}: {e}"))?;
-        if checkpoint.claims.remove(&claim.uid).is_some() {
-            self.save(&checkpoint)?;
+        if checkpoint.claims.contains_key(&claim.uid) {
+            self.commit(&mut checkpoint, &claim.uid, None)
+                .map_err(|e| format!("claim {claim} stays prepared: {e}"))?;
             tracing::info!(%claim, uid = %claim.uid, "unprepared");
         }
         self.ledger.release_claim(&claim.uid);

@@ -33,16 +33,23 @@ use tonic::transport::{Channel, Endpoint};
 
 const NODE: &str = "node-a";
 
-/// Claims by `namespace/name`, counting reads.
+mod consistency;
+
+/// Claims by `namespace/name`, counting reads; reads of the names in `hung` never answer (an API
+/// server that does not respond).
 #[derive(Default)]
 struct Claims {
     claims: Mutex<BTreeMap<String, ResourceClaim>>,
     reads: AtomicUsize,
+    hung: Mutex<BTreeSet<String>>,
 }
 
 impl ClaimSource for Claims {
     async fn claim(&self, namespace: &str, name: &str) -> Result<ResourceClaim, String> {
         self.reads.fetch_add(1, Ordering::SeqCst);
+        if self.hung.lock().unwrap().contains(name) {
+            std::future::pending::<()>().await;
+        }
         self.claims
             .lock()
             .unwrap()
