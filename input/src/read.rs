@@ -94,6 +94,13 @@ fn open_named(path: &Path, limit: u64) -> Result<File, ReadError> {
 /// Read a kernel attribute (sysfs, procfs) as text: non-blocking, regular files only, at most
 /// [`ATTR_LIMIT`] bytes.
 pub fn read_attr(path: &Path) -> Result<String, ReadError> {
+    read_regular(path, ATTR_LIMIT)
+}
+
+/// Read a file the program keeps itself (a checkpoint) as text: opened without blocking, regular
+/// files only (a FIFO, device or socket planted there is refused at once), at most `limit`
+/// bytes.
+pub fn read_regular(path: &Path, limit: u64) -> Result<String, ReadError> {
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
@@ -122,7 +129,7 @@ pub fn read_attr(path: &Path) -> Result<String, ReadError> {
             kind,
         });
     }
-    capped(file, path, ATTR_LIMIT)
+    capped(file, path, limit)
 }
 
 /// [`read_attr`], trimmed, or `None` when it cannot be read: for optional attributes.
@@ -209,6 +216,24 @@ mod tests {
         r.read_to_string(&mut s).expect("at limit streams");
         assert_eq!(s.len(), 100);
         assert!(open_file(&p, 99).is_err());
+    }
+
+    #[test]
+    fn regular_reads_take_their_limit() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("state.json");
+        std::fs::write(&p, b"12345").expect("write");
+        assert_eq!(read_regular(&p, 5).expect("at limit"), "12345");
+        assert!(matches!(
+            read_regular(&p, 4),
+            Err(ReadError::TooLarge { .. })
+        ));
+        assert_eq!(
+            read_regular(&dir.path().join("missing"), 5)
+                .expect_err("missing")
+                .io_kind(),
+            Some(std::io::ErrorKind::NotFound)
+        );
     }
 
     #[test]

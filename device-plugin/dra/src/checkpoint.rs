@@ -12,6 +12,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use rocefabric_input::read::{ReadError, read_regular};
 use serde::{Deserialize, Serialize};
 
 /// Format version of the file.
@@ -67,10 +68,7 @@ pub struct Checkpoint {
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
     #[error("cannot read checkpoint {path}: {source}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Read { path: PathBuf, source: ReadError },
     #[error(
         "checkpoint {path} is not a valid checkpoint ({source}); move it away to start afresh \
          (claims prepared before are then unknown to the driver)"
@@ -88,11 +86,16 @@ pub enum CheckpointError {
     },
 }
 
-/// Read the checkpoint; a missing file is an empty checkpoint.
+/// The largest checkpoint read: a record is a few hundred bytes, a node holds at most a few
+/// hundred claims.
+pub const LIMIT: u64 = 16 * 1024 * 1024;
+
+/// Read the checkpoint; a missing file is an empty checkpoint. Bounded: a FIFO, a device or a
+/// file over [`LIMIT`] planted at the path is refused without blocking or filling memory.
 pub fn load(path: &Path) -> Result<Checkpoint, CheckpointError> {
-    let text = match std::fs::read(path) {
+    let text = match read_regular(path, LIMIT) {
         Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+        Err(e) if e.io_kind() == Some(std::io::ErrorKind::NotFound) => {
             return Ok(Checkpoint {
                 version: VERSION,
                 claims: BTreeMap::new(),
@@ -106,7 +109,7 @@ pub fn load(path: &Path) -> Result<Checkpoint, CheckpointError> {
         }
     };
     let checkpoint: Checkpoint =
-        serde_json::from_slice(&text).map_err(|source| CheckpointError::Parse {
+        serde_json::from_str(&text).map_err(|source| CheckpointError::Parse {
             path: path.to_path_buf(),
             source,
         })?;
@@ -173,5 +176,32 @@ mod tests {
         std::fs::write(&path, r#"{"version": 9, "claims": {}}"#).unwrap();
         let err = load(&path).unwrap_err().to_string();
         assert!(err.contains("version 9"), "{err}");
+    }
+
+    #[test]
+    fn a_fifo_a_device_or_a_huge_file_is_refused_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("checkpoint.json");
+        std::fs::write(&path, "{}").unwrap();
+        rocefabric_node_testing::fixtures::replace_with_fifo(&path).unwrap();
+        let err = load(&path).unwrap_err().to_string();
+        assert!(
+            err.contains("FIFO") && err.contains("checkpoint.json"),
+            "{err}"
+        );
+
+        std::fs::remove_file(&path).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", &path).unwrap();
+        let err = load(&path).unwrap_err().to_string();
+        assert!(err.contains("character device"), "{err}");
+
+        std::fs::remove_file(&path).unwrap();
+        let file = std::fs::File::create(&path).unwrap();
+        file.set_len(LIMIT + 1).unwrap();
+        let err = load(&path).unwrap_err().to_string();
+        assert!(
+            err.contains("checkpoint.json") && err.contains("16 MiB"),
+            "{err}"
+        );
     }
 }

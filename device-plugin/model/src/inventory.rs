@@ -390,9 +390,7 @@ fn read_hca(root: &Path, name: &str, selector: &NicSelector) -> Result<Option<Hc
         state,
         uverbs,
         roce_v2_gid_index,
-        rate_mbps: std::fs::read_to_string(port_dir.join("rate"))
-            .ok()
-            .and_then(|r| parse_rate_mbps(&r)),
+        rate_mbps: attr(&port_dir.join("rate")).and_then(|r| parse_rate_mbps(&r)),
         health,
         device_path: hw.device_path,
     }))

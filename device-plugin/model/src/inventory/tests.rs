@@ -41,3 +41,19 @@ fn gid_parsing() {
     assert!(parse_gid("fe80::1").is_none());
     assert!(parse_gid("zzzz:0000:0000:0000:0000:ffff:0ac8:010a").is_none());
 }
+
+/// `ports/N/rate` is read like every attribute: a FIFO planted there is refused at once (the
+/// port keeps no rate) instead of blocking discovery.
+#[test]
+fn a_rate_that_is_a_fifo_is_skipped_without_blocking() {
+    let dir = rocefabric_node_testing::fixtures::tempdir().unwrap();
+    rocefabric_node_testing::fixtures::FixtureNode::dgx_h100()
+        .write_to(dir.path())
+        .unwrap();
+    let rate = dir.path().join("class/infiniband/mlx5_0/ports/1/rate");
+    rocefabric_node_testing::fixtures::replace_with_fifo(&rate).unwrap();
+    let inv = discover(dir.path(), &NicSelector::default()).unwrap();
+    let rate_of = |name: &str| inv.hcas.iter().find(|h| h.name == name).unwrap().rate_mbps;
+    assert_eq!(rate_of("mlx5_0"), None);
+    assert_eq!(rate_of("mlx5_3"), Some(400_000));
+}
