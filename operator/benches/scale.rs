@@ -24,7 +24,7 @@ use anyhow::Context as _;
 use rocefabric_operator_testing::scale::apiserver::Options;
 use rocefabric_operator_testing::scale::cluster::{GeneratedCluster, NodeState, Sizes};
 use rocefabric_operator_testing::scale::operator::{Heap, Memory, Pass};
-use rocefabric_operator_testing::scale::scenario::{Convergence, Harness, Timed};
+use rocefabric_operator_testing::scale::scenario::{Convergence, Harness, Timed, Waits};
 use tokio::time::Instant;
 
 // Counts the harness's own heap, for the per-object costs (the operator is another process).
@@ -328,9 +328,11 @@ async fn run() -> anyhow::Result<()> {
         Options::default(),
         Path::new(env!("CARGO_BIN_EXE_rocefabric-operator")),
         &args,
-        // A pass at full size can take minutes; the resync bounds a quiet wait.
-        converge_timeout.min(Duration::from_secs(600)),
-        Duration::from_millis(debounce * 4).max(Duration::from_millis(300)),
+        Waits {
+            // A pass at full size can take minutes; the resync bounds a quiet wait.
+            pass_timeout: converge_timeout.min(Duration::from_secs(600)),
+            quiet: Duration::from_millis(debounce * 4).max(Duration::from_millis(300)),
+        },
     )
     .await?;
     h.progress = true;

@@ -14,7 +14,7 @@ use rocefabric_formats::directory::{DirectoryEntry, parse};
 use rocefabric_formats::names::DIRECTORY_KEY;
 use rocefabric_operator_testing::scale::apiserver::{ApiServer, Options, Resource};
 use rocefabric_operator_testing::scale::cluster::{FABRIC, GeneratedCluster, Sizes};
-use rocefabric_operator_testing::scale::scenario::Harness;
+use rocefabric_operator_testing::scale::scenario::{Harness, Waits};
 use serde_json::Value;
 
 const SIZES: Sizes = Sizes {
@@ -124,8 +124,10 @@ async fn the_operator_converges_on_a_generated_cluster_and_handles_single_events
         Options::default(),
         Path::new(env!("CARGO_BIN_EXE_rocefabric-operator")),
         &args,
-        Duration::from_secs(30),
-        Duration::from_millis(500),
+        Waits {
+            pass_timeout: Duration::from_secs(30),
+            quiet: Duration::from_millis(500),
+        },
     )
     .await?;
     let nodes = SIZES.nodes as usize;

@@ -32,7 +32,7 @@ use tokio::time::Instant;
 
 pub use crate::api::resource::Resource;
 use crate::api::resource::Target;
-use crate::api::store::{Labels, Store};
+use crate::api::store::Store;
 use crate::scale::cluster::{self, GeneratedCluster, NodeState, PodState};
 use changes::{Change, ChangeLog, ChangeType};
 use generated::{Nodes, Pods};
@@ -113,25 +113,11 @@ impl State {
         self.rv
     }
 
-    fn emit(
-        &mut self,
-        resource: Resource,
-        kind: ChangeType,
-        namespace: Option<&str>,
-        labels_before: Option<Labels>,
-        labels: Labels,
-        object: Arc<str>,
-    ) {
-        self.log.push(Change {
-            rv: self.rv,
-            resource,
-            kind,
-            namespace: namespace.map(Arc::from),
-            labels_before,
-            labels,
-            object,
-        });
-        self.latest.send_replace(self.rv);
+    /// Log `change` (made at the current resourceVersion) and tell the watches.
+    fn emit(&mut self, change: Change) {
+        let rv = change.rv;
+        self.log.push(change);
+        self.latest.send_replace(rv);
     }
 
     /// Note a request; wake whoever waits for a write on its object.
@@ -176,14 +162,15 @@ impl State {
         };
         let object: Arc<str> = self.cluster.pod_json(i, &st).into();
         let namespace = self.cluster.namespace(i);
-        self.emit(
-            Resource::Pods,
+        self.emit(Change {
+            rv,
+            resource: Resource::Pods,
             kind,
-            Some(&namespace),
-            Some(labels_before),
+            namespace: Some(namespace.into()),
+            labels_before: Some(labels_before),
             labels,
             object,
-        );
+        });
         if !st.gated && !st.scheduled && !st.deleted {
             self.sim.push(simulate::Job::Schedule { pod: i });
         }
@@ -197,14 +184,15 @@ impl State {
         let labels_before = Arc::new(self.cluster.node_labels(i, before));
         let labels = Arc::new(self.cluster.node_labels(i, &st));
         let object: Arc<str> = self.cluster.node_json(i, &st, false).into();
-        self.emit(
-            Resource::Nodes,
-            ChangeType::Modified,
-            None,
-            Some(labels_before),
+        self.emit(Change {
+            rv,
+            resource: Resource::Nodes,
+            kind: ChangeType::Modified,
+            namespace: None,
+            labels_before: Some(labels_before),
             labels,
             object,
-        );
+        });
     }
 
     /// Keep the RoceNode census, and hand applied specs to the simulated agent.

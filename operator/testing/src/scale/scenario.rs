@@ -38,6 +38,15 @@ pub struct Harness {
     pub watches_only_fabric_pods: bool,
 }
 
+/// How long the harness waits on the operator.
+#[derive(Clone, Copy, Debug)]
+pub struct Waits {
+    /// Longest wait for any single pass.
+    pub pass_timeout: Duration,
+    /// A quiet operator passes no more than this long after its last pass with nothing to do.
+    pub quiet: Duration,
+}
+
 /// How the operator reached its steady state.
 #[derive(Clone, Debug)]
 pub struct Convergence {
@@ -87,9 +96,12 @@ impl Harness {
         options: Options,
         binary: &Path,
         args: &[String],
-        pass_timeout: Duration,
-        quiet: Duration,
+        waits: Waits,
     ) -> anyhow::Result<Harness> {
+        let Waits {
+            pass_timeout,
+            quiet,
+        } = waits;
         let t = Instant::now();
         let server = ApiServer::start(cluster, options).await?;
         let generated_in = t.elapsed();

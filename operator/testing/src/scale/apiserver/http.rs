@@ -13,7 +13,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::changes::ChangeType;
+use super::changes::{Change, ChangeType};
 use super::generated;
 use super::read::{Cursor, Filter, LIST_CLOSE};
 use super::{Shared, State, watch};
@@ -89,7 +89,8 @@ async fn handle(AxumState(shared): AxumState<Arc<Shared>>, request: Request) -> 
         }
         (method, _) => {
             let mut st = shared.lock();
-            write(&mut st, &target, method, &content_type, &body, at)
+            st.saw(verb(method), &target, at);
+            write(&mut st, &target, method, &content_type, &body)
         }
     };
     match result {
@@ -109,14 +110,13 @@ fn start_watch(shared: Arc<Shared>, filter: Filter, query: &Query) -> Response {
     };
     let timeout = Duration::from_secs(query.number("timeoutSeconds").unwrap_or(1800));
     let (tx, rx) = mpsc::channel(16);
-    tokio::spawn(watch::serve(
-        shared,
+    let watch = watch::Watch {
         filter,
         from,
         timeout,
-        query.is_true("allowWatchBookmarks"),
-        tx,
-    ));
+        bookmarks: query.is_true("allowWatchBookmarks"),
+    };
+    tokio::spawn(watch::serve(shared, watch, tx));
     respond(200, Body::from_stream(stream_of(rx)))
 }
 
@@ -203,9 +203,7 @@ fn write(
     method: &Method,
     content_type: &str,
     body: &[u8],
-    at: Instant,
 ) -> Result<(u16, String), Failure> {
-    st.saw(verb(method), target, at);
     let body: Value = if body.is_empty() {
         Value::Null
     } else {
@@ -307,14 +305,15 @@ impl State {
         };
         let namespace = (!key.1.is_empty()).then_some(key.1.as_str());
         let before = outcome.before.map(|b| b.labels);
-        self.emit(
-            key.0,
+        self.emit(Change {
+            rv: self.rv,
+            resource: key.0,
             kind,
-            namespace,
-            before,
-            stored.labels,
-            stored.json.clone(),
-        );
+            namespace: namespace.map(Arc::from),
+            labels_before: before,
+            labels: stored.labels,
+            object: stored.json.clone(),
+        });
         if key.0 == Resource::RoceNodes {
             self.roce_node_written(&key.2, Some(&outcome.after));
         }
@@ -333,14 +332,15 @@ impl State {
         last["metadata"]["resourceVersion"] = Value::String(rv.to_string());
         let json: Arc<str> = last.to_string().into();
         let namespace = (!key.1.is_empty()).then_some(key.1.as_str());
-        self.emit(
-            key.0,
-            ChangeType::Deleted,
-            namespace,
-            Some(stored.labels.clone()),
-            stored.labels,
-            json.clone(),
-        );
+        self.emit(Change {
+            rv,
+            resource: key.0,
+            kind: ChangeType::Deleted,
+            namespace: namespace.map(Arc::from),
+            labels_before: Some(stored.labels.clone()),
+            labels: stored.labels,
+            object: json.clone(),
+        });
         if key.0 == Resource::RoceNodes {
             self.roce_node_written(&key.2, None);
         }

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::changes::ChangeType;
+use super::changes::{Change, ChangeType};
 use super::{Shared, State};
 use crate::api::resource::Resource;
 
@@ -118,14 +118,15 @@ impl State {
         let rv = self.next_rv();
         let stored = self.objects.put(&key, obj, rv);
         self.configured.insert(name.to_string());
-        self.emit(
-            Resource::RoceNodes,
-            ChangeType::Modified,
-            None,
-            Some(labels_before),
-            stored.labels,
-            stored.json,
-        );
+        self.emit(Change {
+            rv,
+            resource: Resource::RoceNodes,
+            kind: ChangeType::Modified,
+            namespace: None,
+            labels_before: Some(labels_before),
+            labels: stored.labels,
+            object: stored.json,
+        });
     }
 
     fn schedule(&mut self, i: u32) {

@@ -61,16 +61,26 @@ const GONE: &str = "{\"type\":\"ERROR\",\"object\":{\"apiVersion\":\"v1\",\"kind
 
 type Sender = mpsc::Sender<Result<Bytes, Infallible>>;
 
+/// What one watch asks for.
+pub struct Watch {
+    pub filter: Filter,
+    /// The resourceVersion it resumes after.
+    pub from: u64,
+    /// When the stream ends (`timeoutSeconds`).
+    pub timeout: Duration,
+    /// Send bookmarks (`allowWatchBookmarks`).
+    pub bookmarks: bool,
+}
+
 /// Serve one watch into `tx` until the client goes, the timeout passes, or the history it
 /// needs is gone.
-pub async fn serve(
-    shared: Arc<Shared>,
-    filter: Filter,
-    from: u64,
-    timeout: Duration,
-    bookmarks: bool,
-    tx: Sender,
-) {
+pub async fn serve(shared: Arc<Shared>, watch: Watch, tx: Sender) {
+    let Watch {
+        filter,
+        from,
+        timeout,
+        bookmarks,
+    } = watch;
     let deadline = Instant::now() + timeout;
     let mut latest = shared.latest.clone();
     let (mut cursor, mut marked) = (from, from);
