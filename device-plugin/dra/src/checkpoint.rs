@@ -38,6 +38,16 @@ pub struct PreparedDevice {
     /// HCA ID or GPU PCI address (the ledger's key).
     pub physical: String,
     pub cdi_device_ids: Vec<String>,
+    /// Reached with `adminAccess` (monitoring): held by nobody in the ledger.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub admin_access: bool,
+}
+
+impl PreparedDevice {
+    /// Whether the claim owns the device (and the ledger holds it for the claim).
+    pub fn owned(&self) -> bool {
+        !self.admin_access
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -161,6 +171,7 @@ mod tests {
                     device: "hca-mlx5-0".into(),
                     physical: "0000:18:00.0".into(),
                     cdi_device_ids: vec!["rocefabric.io/claim=uid-1-hca-mlx5-0".into()],
+                    admin_access: false,
                 }],
             },
         );

@@ -16,7 +16,9 @@ use prometheus_client::registry::Registry;
 use tokio::sync::{Mutex, watch};
 use tokio::time::Instant;
 
-use super::checkpoint::{self, Checkpoint, CheckpointError, ClaimRecord, ClaimState};
+use super::checkpoint::{
+    self, Checkpoint, CheckpointError, ClaimRecord, ClaimState, PreparedDevice,
+};
 use super::devices::{self, Listing};
 use super::ledger::Ledger;
 use super::prepare::{self, ClaimRef};
@@ -184,7 +186,7 @@ pub fn restore_ledger(checkpoint_path: &Path, ledger: &Ledger) -> Result<(), Che
 /// Every claim of `checkpoint` holds its devices in `ledger`.
 fn hold_claims(checkpoint: &Checkpoint, ledger: &Ledger) {
     for (uid, record) in &checkpoint.claims {
-        let devices = record.devices.iter().map(|d| d.physical.clone()).collect();
+        let devices = owned_devices(&record.devices);
         ledger.restore_claim(uid, &record.claim(), devices);
         tracing::info!(claim = %record.claim(), %uid, state = ?record.state, "claim from the checkpoint");
     }
@@ -323,7 +325,7 @@ impl<C: ClaimSource> NodeDriver<C> {
             tracing::debug!(%claim, "prepared meanwhile");
             return Ok(devices);
         }
-        let physical: BTreeSet<String> = plan.devices.iter().map(|d| d.physical.clone()).collect();
+        let physical = owned_devices(&plan.devices);
         self.ledger
             .take_for_claim(
                 &claim.uid,
@@ -394,6 +396,15 @@ impl<C: ClaimSource> NodeDriver<C> {
         self.ledger.release_claim(&claim.uid);
         Ok(())
     }
+}
+
+/// The physical devices a claim owns: all but those it reaches with `adminAccess`.
+fn owned_devices(devices: &[PreparedDevice]) -> BTreeSet<String> {
+    devices
+        .iter()
+        .filter(|d| d.owned())
+        .map(|d| d.physical.clone())
+        .collect()
 }
 
 /// The kubelet's answer for a record.

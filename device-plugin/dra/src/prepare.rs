@@ -31,6 +31,9 @@ impl std::fmt::Display for ClaimRef {
 pub struct Allocated {
     pub request: String,
     pub device: String,
+    /// Allocated with `adminAccess` (monitoring): the device is reached, not owned, so it takes
+    /// no place in the ledger and is never refused for another holder.
+    pub admin_access: bool,
 }
 
 /// Why a claim cannot be prepared. The kubelet retries a failed prepare, so every one of these
@@ -94,6 +97,7 @@ pub fn allocated(
                 .map_or(r.request.as_str(), |(top, _)| top)
                 .to_string(),
             device: r.device.clone(),
+            admin_access: r.admin_access == Some(true),
         })
         .collect();
     if ours.is_empty() {
@@ -138,13 +142,15 @@ pub fn plan(
         traffic_class,
         host_dev_root,
     } = *node;
-    // Device name -> (request names, device), merging a device listed for several requests.
-    let mut granted: BTreeMap<&str, (Vec<String>, String, Granted<'_>)> = BTreeMap::new();
+    // Device name -> (request names, device, admin access only), merging a device listed for
+    // several requests: it is owned when any of them owns it.
+    let mut granted: BTreeMap<&str, (Vec<String>, String, Granted<'_>, bool)> = BTreeMap::new();
     for a in allocated {
-        if let Some((requests, _, _)) = granted.get_mut(a.device.as_str()) {
+        if let Some((requests, _, _, admin)) = granted.get_mut(a.device.as_str()) {
             if !requests.contains(&a.request) {
                 requests.push(a.request.clone());
             }
+            *admin &= a.admin_access;
             continue;
         }
         let found = inventory
@@ -166,22 +172,28 @@ pub fn plan(
                 device: a.device.clone(),
             });
         };
-        granted.insert(&a.device, (vec![a.request.clone()], physical, device));
+        granted.insert(
+            &a.device,
+            (vec![a.request.clone()], physical, device, a.admin_access),
+        );
     }
     let for_spec: Vec<(String, Granted<'_>)> = granted
         .iter()
-        .map(|(name, (_, _, device))| (name.to_string(), *device))
+        .map(|(name, (_, _, device, _))| (name.to_string(), *device))
         .collect();
     let spec = cdi::claim_spec(&claim.uid, &for_spec, traffic_class, host_dev_root);
     let devices = granted
         .into_iter()
-        .map(|(name, (request_names, physical, _))| PreparedDevice {
-            request_names,
-            pool: pool.to_string(),
-            device: name.to_string(),
-            physical,
-            cdi_device_ids: vec![cdi::device_id(&claim.uid, name)],
-        })
+        .map(
+            |(name, (request_names, physical, _, admin_access))| PreparedDevice {
+                request_names,
+                pool: pool.to_string(),
+                device: name.to_string(),
+                physical,
+                cdi_device_ids: vec![cdi::device_id(&claim.uid, name)],
+                admin_access,
+            },
+        )
         .collect();
     Ok(Plan { devices, spec })
 }
@@ -262,11 +274,13 @@ mod tests {
             vec![
                 Allocated {
                     request: "gpu-0".into(),
-                    device: "gpu-0".into()
+                    device: "gpu-0".into(),
+                    admin_access: false,
                 },
                 Allocated {
                     request: "nic".into(),
-                    device: "hca-mlx5-0".into()
+                    device: "hca-mlx5-0".into(),
+                    admin_access: false,
                 },
             ]
         );
@@ -298,10 +312,12 @@ mod tests {
             Allocated {
                 request: "gpu-0".into(),
                 device: gpu_device_name(gpu),
+                admin_access: false,
             },
             Allocated {
                 request: "hca-0".into(),
                 device: hca_device_name(hca),
+                admin_access: false,
             },
         ];
         let plan = plan(
@@ -361,6 +377,7 @@ mod tests {
             &[Allocated {
                 request: "x".into(),
                 device: "hca-nope".into(),
+                admin_access: false,
             }],
             &Node {
                 pool: "node-a",
@@ -395,6 +412,7 @@ mod tests {
             .map(|h| Allocated {
                 request: "hca".into(),
                 device: hca_device_name(h),
+                admin_access: false,
             })
             .collect();
         let plan = plan(

@@ -33,6 +33,7 @@ use tonic::transport::{Channel, Endpoint};
 
 const NODE: &str = "node-a";
 
+mod admin_access;
 mod consistency;
 
 /// Claims by `namespace/name`, counting reads; reads of the names in `hung` never answer (an API
@@ -62,6 +63,15 @@ impl ClaimSource for Claims {
 impl Claims {
     /// Add claim `ns/name` with uid `uid` allocated `(request, device)` of our pool.
     fn add(&self, name: &str, uid: &str, devices: &[(&str, &str)]) {
+        self.add_with(name, uid, devices, false);
+    }
+
+    /// [`Claims::add`] with every result allocated with `adminAccess`.
+    fn add_admin(&self, name: &str, uid: &str, devices: &[(&str, &str)]) {
+        self.add_with(name, uid, devices, true);
+    }
+
+    fn add_with(&self, name: &str, uid: &str, devices: &[(&str, &str)], admin: bool) {
         let mut claim = ResourceClaim::default();
         claim.metadata.name = Some(name.into());
         claim.metadata.namespace = Some("ns".into());
@@ -73,6 +83,7 @@ impl Claims {
                 driver: "rocefabric.io".into(),
                 pool: NODE.into(),
                 device: device.to_string(),
+                admin_access: admin.then_some(true),
                 ..Default::default()
             })
             .collect();
