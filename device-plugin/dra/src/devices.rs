@@ -90,6 +90,9 @@ pub enum Withdrawn {
     GpuUnavailable,
     /// The device plugin granted it to a live pod (`both` mode).
     HeldByDevicePlugin,
+    /// The device plugin serves it and its grants are unknown: the kubelet's pod resources API
+    /// cannot be read (`both` mode).
+    GrantsUnknown,
 }
 
 impl Withdrawn {
@@ -100,8 +103,18 @@ impl Withdrawn {
             Withdrawn::QosNotProven => "fabric QoS not proven",
             Withdrawn::GpuUnavailable => "GPU driver or device node missing",
             Withdrawn::HeldByDevicePlugin => "granted by the device plugin",
+            Withdrawn::GrantsUnknown => "device plugin grants unknown",
         }
     }
+}
+
+/// What the device plugin holds or may hold (`both` mode).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Held {
+    /// Granted to live pods (or pending).
+    pub granted: BTreeSet<String>,
+    /// Served by the device plugin while its grants are unknown.
+    pub unknown: BTreeSet<String>,
 }
 
 /// The devices of the node: published, and withdrawn with the reason.
@@ -259,17 +272,17 @@ fn gpu_device(gpu: &Gpu) -> DraDevice {
 /// The node's devices for DRA. `inventory` is the discovered one (before the gate); `view` is the
 /// fabric's view of the node; `gpus` says whether GPUs are published (off where another driver
 /// serves them); `held` are the physical devices the device plugin holds (`both` mode).
-pub fn listing(
-    inventory: &Inventory,
-    view: &FabricView,
-    gpus: bool,
-    held: &BTreeSet<String>,
-) -> Listing {
+pub fn listing(inventory: &Inventory, view: &FabricView, gpus: bool, held: &Held) -> Listing {
     let mut out = Listing::default();
     let mut place = |device: DraDevice, why: Option<Withdrawn>| {
         let why = why.or_else(|| {
-            held.contains(&device.physical)
-                .then_some(Withdrawn::HeldByDevicePlugin)
+            if held.granted.contains(&device.physical) {
+                Some(Withdrawn::HeldByDevicePlugin)
+            } else if held.unknown.contains(&device.physical) {
+                Some(Withdrawn::GrantsUnknown)
+            } else {
+                None
+            }
         });
         match why {
             None => out.published.push(device),
@@ -325,7 +338,7 @@ mod tests {
     #[test]
     fn names_are_dns_labels() {
         let inv = dgx();
-        let listing = listing(&inv, &FabricView::default(), true, &BTreeSet::new());
+        let listing = listing(&inv, &FabricView::default(), true, &Held::default());
         let names: BTreeSet<&str> = listing.all().map(|d| d.name.as_str()).collect();
         assert_eq!(names.len(), inv.hcas.len() + inv.gpus.len(), "unique names");
         for name in names {
@@ -356,7 +369,7 @@ mod tests {
     #[test]
     fn each_gpu_shares_root_and_switch_with_its_rail_hca() {
         let inv = dgx();
-        let listing = listing(&inv, &FabricView::default(), true, &BTreeSet::new());
+        let listing = listing(&inv, &FabricView::default(), true, &Held::default());
         let pairs = rocefabric_node_model::topology::gpu_hca_pairs(&inv);
         assert_eq!(pairs.len(), 8, "the DGX fixture has 8 rails");
         for (gpu, hca, _) in pairs {
@@ -389,7 +402,7 @@ mod tests {
             fabric_nics: None,
             fabric: Some("prod".into()),
         };
-        let listing = listing(&inv, &view, false, &BTreeSet::new());
+        let listing = listing(&inv, &view, false, &Held::default());
         assert_eq!(
             listing.published.len(),
             1,
@@ -411,7 +424,11 @@ mod tests {
     #[test]
     fn devices_the_device_plugin_holds_are_withdrawn() {
         let inv = dgx();
-        let held = BTreeSet::from([inv.hcas[1].id.clone(), inv.gpus[3].pci_address.clone()]);
+        let held = Held {
+            granted: BTreeSet::from([inv.hcas[1].id.clone(), inv.gpus[3].pci_address.clone()]),
+            // A device both granted and unknown is withdrawn as granted (what is known).
+            unknown: BTreeSet::from([inv.hcas[1].id.clone(), inv.hcas[4].id.clone()]),
+        };
         let listing = listing(&inv, &FabricView::default(), true, &held);
         let withdrawn: Vec<(&str, &Withdrawn)> = listing
             .withdrawn
@@ -422,6 +439,7 @@ mod tests {
             withdrawn,
             vec![
                 (inv.hcas[1].id.as_str(), &Withdrawn::HeldByDevicePlugin),
+                (inv.hcas[4].id.as_str(), &Withdrawn::GrantsUnknown),
                 (
                     inv.gpus[3].pci_address.as_str(),
                     &Withdrawn::HeldByDevicePlugin

@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use super::checkpoint::{
     self, Checkpoint, CheckpointError, ClaimRecord, ClaimState, PreparedDevice,
 };
-use super::devices::{self, Listing};
+use super::devices::{self, Held, Listing};
 use super::ledger::Ledger;
 use super::prepare::{self, ClaimRef};
 use super::publish::SlicePublisher;
@@ -57,6 +57,9 @@ pub struct DraMetrics {
     pub slice_writes: Counter,
     /// Claims in the checkpoint.
     pub prepared_claims: Gauge,
+    /// `both` mode: 1 while the device plugin's grants are known (the pod resources API was
+    /// read), 0 while they are not and the devices it serves are withheld.
+    pub grants_known: Gauge,
 }
 
 impl DraMetrics {
@@ -80,6 +83,11 @@ impl DraMetrics {
             "rocefabric_dra_slice_writes",
             "ResourceSlice creates and replaces",
             self.slice_writes.clone(),
+        );
+        registry.register(
+            "rocefabric_dra_device_plugin_grants_known",
+            "1 while the device plugin's grants are known; 0 while the devices it serves are withheld",
+            self.grants_known.clone(),
         );
         registry.register(
             "rocefabric_dra_prepared_claims",
@@ -241,6 +249,10 @@ impl<C: ClaimSource> NodeDriver<C> {
     ) -> Result<Self, DraError> {
         let checkpoint = checkpoint::load(&options.checkpoint_path())?;
         hold_claims(&checkpoint, &ledger);
+        options
+            .metrics
+            .grants_known
+            .set(i64::from(ledger.grants_known()));
         std::fs::create_dir_all(&options.plugin_dir).map_err(|source| DraError::PluginDir {
             path: options.plugin_dir.clone(),
             source,
@@ -274,18 +286,39 @@ impl<C: ClaimSource> NodeDriver<C> {
         Ok(())
     }
 
-    /// Ask the kubelet which device plugin grants live pods hold (`both` mode).
+    /// Ask the kubelet which device plugin grants live pods hold (`both` mode). Fails closed:
+    /// while the answer is unknown, every device the device plugin serves counts as held.
     async fn refresh_grants(&self) {
-        if let Some(socket) = &self.options.pod_resources_socket {
-            match rocefabric_kubelet_api::pod_resources::list(socket).await {
-                Ok(grants) => self.ledger.set_live(
+        let Some(socket) = &self.options.pod_resources_socket else {
+            return;
+        };
+        match rocefabric_kubelet_api::pod_resources::list(socket).await {
+            Ok(grants) => {
+                if !self.ledger.grants_known() {
+                    tracing::info!("device plugin grants known again");
+                }
+                self.ledger.set_live(
                     pod_resources::held_devices(&self.config, &grants),
                     std::time::Instant::now(),
-                ),
-                Err(error) => {
-                    tracing::warn!(%error, "cannot read device plugin grants; keeping the last ones")
-                }
+                );
+                self.options.metrics.grants_known.set(1);
             }
+            Err(error) => {
+                tracing::warn!(%error,
+                    "device plugin grants unknown: withholding every device the device plugin serves");
+                self.ledger.grants_lost();
+                self.options.metrics.grants_known.set(0);
+            }
+        }
+    }
+
+    /// The devices withheld because the device plugin may have granted them without our
+    /// knowing: those it serves while its grants are unknown, none otherwise.
+    pub fn withheld(&self, inventory: &Inventory) -> BTreeSet<String> {
+        if self.ledger.grants_known() {
+            BTreeSet::new()
+        } else {
+            pod_resources::servable(inventory, &self.config)
         }
     }
 
@@ -326,6 +359,16 @@ impl<C: ClaimSource> NodeDriver<C> {
             return Ok(devices);
         }
         let physical = owned_devices(&plan.devices);
+        if let Some(device) = self
+            .withheld(&view.inventory)
+            .intersection(&physical)
+            .next()
+        {
+            return Err(format!(
+                "claim {claim}: device {device} may be held by a device plugin grant: the \
+                 kubelet's pod resources API cannot be read; retry once it can"
+            ));
+        }
         self.ledger
             .take_for_claim(
                 &claim.uid,
@@ -587,7 +630,10 @@ pub async fn run(
             *current = node_view(&inventory, &view);
             true
         });
-        let held = ledger.granted(std::time::Instant::now());
+        let held = Held {
+            granted: ledger.granted(std::time::Instant::now()),
+            unknown: driver.withheld(&inventory),
+        };
         let listing = devices::listing(&inventory, &view, options.publish_gpus, &held);
         slice.publish(&listing, &options.metrics).await;
     }

@@ -56,6 +56,9 @@ struct State {
     live: BTreeMap<String, String>,
     /// Grants not yet seen live: device -> (resource, when granted).
     pending: BTreeMap<String, (String, Instant)>,
+    /// The pod resources API could not be read (or not yet): any device the device plugin
+    /// serves may be granted without our knowing.
+    grants_unknown: bool,
 }
 
 impl State {
@@ -107,6 +110,28 @@ impl Ledger {
 
     fn bump(&self) {
         self.changed.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// A ledger for `both` mode: the device plugin's grants are unknown until the first
+    /// [`Ledger::set_live`].
+    pub fn awaiting_grants() -> Self {
+        let ledger = Self::default();
+        ledger.lock().grants_unknown = true;
+        ledger
+    }
+
+    /// Whether the device plugin's grants are known (always, when no device plugin runs).
+    pub fn grants_known(&self) -> bool {
+        !self.lock().grants_unknown
+    }
+
+    /// The pod resources API could not be read: from now until the next [`Ledger::set_live`],
+    /// any device the device plugin serves may be held.
+    pub fn grants_lost(&self) {
+        let was_unknown = std::mem::replace(&mut self.lock().grants_unknown, true);
+        if !was_unknown {
+            self.bump();
+        }
     }
 
     /// A receiver that changes whenever holdings may have changed.
@@ -199,7 +224,8 @@ impl Ledger {
         state.pending.retain(|device, (_, at)| {
             !live.contains_key(device) && now.duration_since(*at) < PENDING_GRACE
         });
-        let changed = before != live.keys().cloned().collect();
+        let was_unknown = std::mem::replace(&mut state.grants_unknown, false);
+        let changed = was_unknown || before != live.keys().cloned().collect();
         state.live = live;
         drop(state);
         if changed {
@@ -331,5 +357,23 @@ mod tests {
         );
         ledger.release_claim("u");
         assert!(rx.has_changed().unwrap());
+    }
+
+    #[test]
+    fn grants_are_unknown_until_the_first_list_and_after_a_failed_one() {
+        let ledger = Ledger::awaiting_grants();
+        let mut changes = ledger.changes();
+        assert!(!ledger.grants_known());
+        ledger.set_live(BTreeMap::new(), Instant::now());
+        assert!(ledger.grants_known());
+        assert!(changes.has_changed().unwrap(), "known again is a change");
+        changes.mark_unchanged();
+        ledger.grants_lost();
+        assert!(!ledger.grants_known());
+        assert!(changes.has_changed().unwrap());
+        assert!(
+            Ledger::default().grants_known(),
+            "no device plugin: nothing unknown"
+        );
     }
 }

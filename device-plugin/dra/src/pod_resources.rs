@@ -4,8 +4,11 @@
 
 use std::collections::BTreeMap;
 
+use std::collections::BTreeSet;
+
 use rocefabric_node_model::config::{Config, ResourceKind};
-use rocefabric_node_model::ownership::devices_behind;
+use rocefabric_node_model::model::Inventory;
+use rocefabric_node_model::ownership::{Partition, devices_behind};
 
 /// The physical devices (HCA ID, GPU PCI address) behind listed grants of our resources, each
 /// with its resource; grants of other resources are ignored.
@@ -23,6 +26,15 @@ pub fn held_devices(cfg: &Config, grants: &[(String, String)]) -> BTreeMap<Strin
         }
     }
     out
+}
+
+/// Every device the device plugin serves under `cfg` (HCA IDs, GPU PCI addresses): what it may
+/// have granted while its grants are unknown.
+pub fn servable(inventory: &Inventory, cfg: &Config) -> BTreeSet<String> {
+    Partition::new(inventory, cfg)
+        .owners()
+        .into_keys()
+        .collect()
 }
 
 #[cfg(test)]

@@ -141,8 +141,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let mut options = args.options()?;
     let mode = args.mode;
     let dra_options = mode.dra().then(|| args.dra_options(&options)).transpose()?;
-    // `both`: one ledger, filled from the DRA checkpoint before either side serves.
-    let ledger = Arc::new(Ledger::default());
+    // `both`: one ledger, filled from the DRA checkpoint before either side serves; the device
+    // plugin's grants are unknown until the kubelet's pod resources API answers.
+    let ledger = Arc::new(if mode == Mode::Both {
+        Ledger::awaiting_grants()
+    } else {
+        Ledger::default()
+    });
     if let Some(dra) = &dra_options
         && mode == Mode::Both
     {

@@ -35,6 +35,7 @@ const NODE: &str = "node-a";
 
 mod admin_access;
 mod consistency;
+mod grants_unknown;
 
 /// Claims by `namespace/name`, counting reads; reads of the names in `hung` never answer (an API
 /// server that does not respond).
