@@ -7,7 +7,7 @@
 //! | `DeleteRoceNode` | `DELETE /apis/rocefabric.io/v1alpha1/rocenodes/{name}` (404 counts as done) |
 //! | `ApplyFabricStatus` | `PATCH /apis/rocefabric.io/v1alpha1/rocefabrics/{name}/status?fieldManager=rocefabric-operator&force=true`, server-side apply of the status subresource |
 //! | `AnnotatePodRegion` | `PATCH /api/v1/namespaces/{ns}/pods/{pod}?fieldManager=rocefabric-operator`, JSON merge patch of the annotation with the pod's `uid` and `resourceVersion` as preconditions (409 when the pod is not the one planned for: the write fails and the gate stays) |
-//! | `RemovePodGate` | `GET` the pod, then `PATCH` (JSON patch) `test` that `spec.schedulingGates[i].name` is ours and `remove` index `i`; nothing is sent when the gate is already gone, and the gate is kept when the pod does not carry its region annotation |
+//! | `RemovePodGate` | `GET` the pod, then `PATCH` (JSON patch) `test` that `metadata.uid` is the pod read and `spec.schedulingGates[i].name` is ours, and `remove` index `i`; nothing is sent when the gate is already gone, and the gate is kept when the pod does not carry its region annotation |
 //! | `ApplyRegionDirectory` | `PATCH /api/v1/namespaces/{ns}/configmaps/{fabric}-regions?fieldManager=rocefabric-operator&force=true` |
 //! | `DeleteRegionDirectory` | `DELETE /api/v1/namespaces/{ns}/configmaps/{fabric}-regions` (404 counts as done) |
 //! | `Event` | `POST` (or `PATCH` for a repeat) `/apis/events.k8s.io/v1/namespaces/{ns}/events` through `kube::runtime::events::Recorder`; cluster-scoped objects' Events go to `default` |
@@ -328,8 +328,9 @@ impl Executor {
         Ok(Outcome::Done)
     }
 
-    /// Remove our scheduling gate with a JSON patch that first tests the gate's index, so a
-    /// concurrent change of the gate list makes the patch fail instead of removing another gate.
+    /// Remove our scheduling gate with a JSON patch that first tests the pod's uid and the gate's
+    /// index, so a pod replaced under the same name, or a concurrent change of the gate list,
+    /// makes the patch fail instead of removing another pod's or another gate.
     async fn remove_gate(&self, namespace: &str, pod: &str) -> Result<Outcome, ApplyError> {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         let target = || format!("pod {namespace}/{pod}");
@@ -360,7 +361,11 @@ impl Executor {
                 pod: pod.to_string(),
             });
         }
+        // The uid test binds the removal to the pod just read: a pod deleted and created again
+        // under the same name in between (with no window yet) keeps its gate.
+        let uid = current.metadata.uid.clone().unwrap_or_default();
         let ops = json!([
+            { "op": "test", "path": "/metadata/uid", "value": uid },
             { "op": "test", "path": format!("/spec/schedulingGates/{index}/name"), "value": REGION_SCHEDULING_GATE },
             { "op": "remove", "path": format!("/spec/schedulingGates/{index}") },
         ]);

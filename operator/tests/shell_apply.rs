@@ -39,7 +39,7 @@ fn roce_node_write(name: &str) -> Write {
 fn pod_json(name: &str, gates: &[&str], annotated: bool) -> serde_json::Value {
     let mut pod = json!({
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "team", "resourceVersion": "7"},
+        "metadata": {"name": name, "namespace": "team", "uid": format!("uid-{name}"), "resourceVersion": "7"},
         "spec": {"containers": [], "schedulingGates": gates.iter().map(|g| json!({"name": g})).collect::<Vec<_>>()},
     });
     if annotated {
@@ -216,9 +216,11 @@ async fn annotation_is_patched_strictly_before_the_gate_which_is_removed_by_test
     assert_eq!(
         gate.body,
         json!([
+            {"op": "test", "path": "/metadata/uid", "value": "uid-w0"},
             {"op": "test", "path": "/spec/schedulingGates/1/name", "value": "rocefabric.io/region"},
             {"op": "remove", "path": "/spec/schedulingGates/1"},
-        ])
+        ]),
+        "bound to the pod read: a pod recreated under the name keeps its gate"
     );
     gate.ok(&pod_json("w0", &["example.com/quota"], true));
     let summary = task.await.expect("joined");
@@ -333,7 +335,7 @@ async fn concurrent_gate_change_fails_the_tested_patch() {
         .expect(Method::PATCH, "/api/v1/namespaces/team/pods/w0", MANAGED)
         .await;
     assert_eq!(
-        patch.body[0],
+        patch.body[1],
         json!({"op": "test", "path": "/spec/schedulingGates/0/name", "value": "rocefabric.io/region"})
     );
     // Someone removed or reordered gates meanwhile: the test op fails on the server.

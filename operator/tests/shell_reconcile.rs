@@ -144,7 +144,7 @@ async fn first_reconcile_applies_roce_nodes_regions_and_status_in_order() {
         Some("application/json-patch+json")
     );
     assert_eq!(
-        gate.body[1],
+        gate.body[2],
         json!({"op": "remove", "path": "/spec/schedulingGates/1"})
     );
     gate.ok(&gated);

@@ -105,12 +105,18 @@ pub fn merge_patch(st: &mut PodState, uid: &str, patch: &Value) -> Result<(), Fa
     Ok(())
 }
 
-/// A JSON patch of the scheduling gates: `test` a gate's name, `remove` a gate. A generated pod
-/// carries at most the region gate, at index 0.
-pub fn json_patch(st: &mut PodState, ops: &Value) -> Result<(), Failure> {
+/// A JSON patch of the scheduling gates: `test` the pod's uid (`uid` is the pod's) or a gate's
+/// name, `remove` a gate. A generated pod carries at most the region gate, at index 0.
+pub fn json_patch(st: &mut PodState, uid: &str, ops: &Value) -> Result<(), Failure> {
     let mut gated = st.gated;
     for op in ops.as_array().into_iter().flatten() {
         let path = op["path"].as_str().unwrap_or_default();
+        if path == "/metadata/uid" && op["op"] == "test" {
+            if op["value"] != uid {
+                return Err(Failure::new(422, "Invalid", "testing /metadata/uid failed"));
+            }
+            continue;
+        }
         let index = path
             .strip_prefix("/spec/schedulingGates/")
             .map(|rest| rest.trim_end_matches("/name"))
@@ -190,10 +196,22 @@ mod tests {
             {"op": "remove", "path": "/spec/schedulingGates/0"},
         ]);
         let mut st = gated();
-        json_patch(&mut st, &ops).unwrap();
+        json_patch(&mut st, "u", &ops).unwrap();
         assert!(!st.gated);
-        assert_eq!(json_patch(&mut st, &ops).unwrap_err().code, 422);
+        assert_eq!(json_patch(&mut st, "u", &ops).unwrap_err().code, 422);
         let wrong = json!([{"op": "test", "path": "/spec/schedulingGates/1/name", "value": REGION_SCHEDULING_GATE}]);
-        assert_eq!(json_patch(&mut gated(), &wrong).unwrap_err().code, 422);
+        assert_eq!(json_patch(&mut gated(), "u", &wrong).unwrap_err().code, 422);
+        // Another pod under the same name: its uid fails the test and it keeps its gate.
+        let bound = json!([
+            {"op": "test", "path": "/metadata/uid", "value": "u"},
+            {"op": "test", "path": "/spec/schedulingGates/0/name", "value": REGION_SCHEDULING_GATE},
+            {"op": "remove", "path": "/spec/schedulingGates/0"},
+        ]);
+        let mut other = gated();
+        assert_eq!(json_patch(&mut other, "u2", &bound).unwrap_err().code, 422);
+        assert!(other.gated);
+        let mut same = gated();
+        json_patch(&mut same, "u", &bound).unwrap();
+        assert!(!same.gated);
     }
 }

@@ -241,7 +241,7 @@ impl State {
                 generated::merge_patch(&mut after, &self.cluster.pod_uid(i), body)?;
             }
             (&Method::PATCH, ct) if ct.contains("json-patch") => {
-                generated::json_patch(&mut after, body)?;
+                generated::json_patch(&mut after, &self.cluster.pod_uid(i), body)?;
             }
             (&Method::DELETE, _) => after.deleted = true,
             _ => {
