@@ -12,6 +12,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::controller::{self, ControllerConfig};
 use crate::http::{self, AppState, Health};
+use rocefabric_runtime::{logging, shutdown};
+
 use crate::leader::{LeaderElector, LeaseConfig};
 use crate::metrics::Metrics;
 use crate::planner::PlanOptions;
@@ -88,20 +90,11 @@ fn qps(text: &str) -> Result<f64, String> {
 
 /// Set up the global `tracing` subscriber (`RUST_LOG` filters, default `info`), logging to stderr.
 pub fn init_tracing(format: LogFormat) {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    // try_init: a second call (tests) keeps the first subscriber.
-    let _ = match format {
-        LogFormat::Json => builder
-            .json()
-            .flatten_event(true)
-            .with_current_span(true)
-            .try_init(),
-        LogFormat::Text => builder.try_init(),
+    let format = match format {
+        LogFormat::Json => logging::Format::Json,
+        LogFormat::Text => logging::Format::Text,
     };
+    logging::init("RUST_LOG", "info", format);
 }
 
 fn hostname() -> Option<String> {
@@ -112,25 +105,10 @@ fn hostname() -> Option<String> {
         .filter(|h| !h.is_empty())
 }
 
-/// Install the SIGTERM and SIGINT handlers; the returned future completes on either signal.
-fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term =
-        signal(SignalKind::terminate()).context("failed to install the SIGTERM handler")?;
-    let mut int =
-        signal(SignalKind::interrupt()).context("failed to install the SIGINT handler")?;
-    Ok(async move {
-        tokio::select! {
-            _ = term.recv() => tracing::info!(signal = "SIGTERM", "shutting down"),
-            _ = int.recv() => tracing::info!(signal = "SIGINT", "shutting down"),
-        }
-    })
-}
-
 /// Run the operator until SIGTERM or SIGINT.
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     // Installed first, so a signal during startup is not lost.
-    let signals = shutdown_signal()?;
+    let signals = shutdown::signal().context("failed to install the signal handlers")?;
     // kube's message already carries its causes; chaining them again would repeat them.
     let config = kube::Config::infer().await.map_err(|e| {
         anyhow::anyhow!(

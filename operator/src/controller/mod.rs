@@ -47,7 +47,7 @@ use crate::rate::TokenBucket;
 pub use pass::{
     Context, PassSummary, ReconcileError, WRITE_TIMEOUT, execute_all, execute_plan, reconcile_once,
 };
-pub use reconcile_loop::{Backoff, LoopInputs, SharedFeed, reconcile_loop};
+pub use reconcile_loop::{LoopInputs, SharedFeed, reconcile_loop};
 pub use watches::{Events, pod_watch, watches};
 
 /// Settings of the reconcile loop.

@@ -12,39 +12,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::pass::{Context, PassSummary, ReconcileError, execute_plan};
 use super::{ControllerConfig, ControllerError};
+use rocefabric_runtime::{Backoff, Retry};
+
 use crate::feed::Feed;
 use crate::http::Health;
-
-/// Exponential backoff for failed passes.
-#[derive(Clone, Debug)]
-pub struct Backoff {
-    min: Duration,
-    max: Duration,
-    next: Duration,
-}
-
-impl Backoff {
-    /// From `min` doubling up to `max`.
-    pub fn new(min: Duration, max: Duration) -> Self {
-        Self {
-            min,
-            max,
-            next: min,
-        }
-    }
-
-    /// The next delay (and double the one after).
-    pub fn next_delay(&mut self) -> Duration {
-        let d = self.next;
-        self.next = (self.next * 2).min(self.max);
-        d
-    }
-
-    /// Back to `min` after a success.
-    pub fn reset(&mut self) {
-        self.next = self.min;
-    }
-}
 
 /// The planner behind a lock: the watch task feeds it, the loop plans with it.
 pub type SharedFeed = Arc<std::sync::Mutex<Feed>>;
@@ -94,7 +65,7 @@ pub async fn reconcile_loop(inputs: LoopInputs<'_>) -> Result<(), ControllerErro
         changed,
         shutdown,
         leader: ctx.leader.clone(),
-        backoff: Backoff::new(config.backoff_min, config.backoff_max),
+        backoff: Retry::new(Backoff::new(config.backoff_min, config.backoff_max)),
         next_pass: Instant::now(),
         was_leader: false,
         last_full_passes: 0,
@@ -125,7 +96,7 @@ struct Looper<'a> {
     changed: watch::Receiver<u64>,
     shutdown: CancellationToken,
     leader: watch::Receiver<bool>,
-    backoff: Backoff,
+    backoff: Retry,
     next_pass: Instant,
     /// Led during the last turn of the loop.
     was_leader: bool,
@@ -307,19 +278,5 @@ impl Looper<'_> {
                 self.next_pass = Instant::now() + delay;
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_doubles_to_the_cap_and_resets() {
-        let mut b = Backoff::new(Duration::from_secs(1), Duration::from_secs(5));
-        let got: Vec<u64> = (0..5).map(|_| b.next_delay().as_secs()).collect();
-        assert_eq!(got, [1, 2, 4, 5, 5]);
-        b.reset();
-        assert_eq!(b.next_delay(), Duration::from_secs(1));
     }
 }
