@@ -126,6 +126,7 @@ impl ServeArgs {
             cdi_dir: self.cdi_dir.clone(),
             pod_resources_socket: (self.mode == Mode::Both)
                 .then(|| self.pod_resources_socket.clone()),
+            device_plugin: self.mode == Mode::Both,
             node_name,
             host_dev_root: self.host_dev_root.clone(),
             publish_gpus: self.dra_gpus,

@@ -43,6 +43,7 @@ async fn while_grants_are_unknown_what_the_device_plugin_serves_is_withheld_and_
     let mut options = setup.options();
     let socket = setup.dir.path().join("pod-resources/kubelet.sock");
     options.pod_resources_socket = Some(socket.clone());
+    options.device_plugin = true;
     let (gpu, hca) = setup.pair(0);
     let (_, hca1) = setup.pair(1);
     setup
@@ -77,17 +78,22 @@ async fn while_grants_are_unknown_what_the_device_plugin_serves_is_withheld_and_
     assert!(withheld.contains(&rail(&hca)), "{withheld:?}");
     assert_eq!(
         withheld.len(),
-        setup.inventory.hcas.len(),
-        "every HCA and no GPU: the default config serves no GPU"
+        setup.inventory.hcas.len() + setup.inventory.gpus.len(),
+        "our HCAs, and every GPU: NVIDIA's plugin may have granted one"
     );
-    // A GPU the device plugin does not serve is no risk.
     let out = plugin::Preparer::prepare(&*driver, vec![claim("gpu", "uid-2")]).await;
-    assert_eq!(out["uid-2"].error, "");
+    assert!(
+        out["uid-2"].error.contains("may be held"),
+        "{:?}",
+        out["uid-2"].error
+    );
 
-    // The kubelet answers (no grants): the HCA is free.
+    // The kubelet answers (no grants): the HCA and the GPU are free.
     let server = serve_pod_resources(&socket);
     let out = plugin::Preparer::prepare(&*driver, vec![claim("nic", "uid-3")]).await;
     assert_eq!(out["uid-3"].error, "");
+    let out = plugin::Preparer::prepare(&*driver, vec![claim("gpu", "uid-2")]).await;
+    assert_eq!(out["uid-2"].error, "");
     assert_eq!(options.metrics.grants_known.get(), 1);
     assert!(driver.withheld(&setup.inventory).is_empty());
 

@@ -133,6 +133,7 @@ impl Setup {
             registry_dir: self.dir.path().join("plugins_registry"),
             cdi_dir: self.dir.path().join("cdi"),
             pod_resources_socket: None,
+            device_plugin: false,
             node_name: NODE.into(),
             host_dev_root: PathBuf::from("/dev"),
             publish_gpus: true,

@@ -120,8 +120,11 @@ pub struct DraOptions {
     pub registry_dir: PathBuf,
     /// Where CDI specs are written.
     pub cdi_dir: PathBuf,
-    /// The kubelet's pod resources socket: given in `both` mode, to learn device plugin grants.
+    /// The kubelet's pod resources socket, to learn device plugin grants: ours in `both` mode,
+    /// and the GPU resource's plugin's (NVIDIA's) whenever GPUs are published.
     pub pod_resources_socket: Option<PathBuf>,
+    /// Whether our device plugin serves beside the driver (`both` mode).
+    pub device_plugin: bool,
     /// This node: the pool's name.
     pub node_name: String,
     /// Where the runtime finds device nodes (the host path in CDI specs).
@@ -289,8 +292,9 @@ impl<C: ClaimSource> NodeDriver<C> {
                 if !self.ledger.grants_known() {
                     tracing::info!("device plugin grants known again");
                 }
+                let inventory = Arc::clone(&self.view.borrow());
                 self.ledger.set_live(
-                    pod_resources::held_devices(&self.config, &grants),
+                    pod_resources::held_devices(&self.config, &inventory.inventory, &grants),
                     std::time::Instant::now(),
                 );
                 self.options.metrics.grants_known.set(1);
@@ -310,7 +314,7 @@ impl<C: ClaimSource> NodeDriver<C> {
         if self.ledger.grants_known() {
             BTreeSet::new()
         } else {
-            pod_resources::servable(inventory, &self.config)
+            pod_resources::may_be_granted(inventory, &self.config, self.options.device_plugin)
         }
     }
 
