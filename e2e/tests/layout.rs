@@ -164,6 +164,53 @@ fn no_shipped_crate_depends_on_test_support() {
     }
 }
 
+/// Crates that do I/O, which no pure crate may pull in, however deep.
+const IO_CRATES: &[&str] = &[
+    "tokio",
+    "kube-client",
+    "kube-runtime",
+    "tonic",
+    "hyper",
+    "tempfile",
+    "notify",
+    "netlink-sys",
+    "axum",
+];
+
+#[test]
+fn pure_crates_pull_in_no_io_crate_at_any_depth() {
+    for pure in PURE {
+        let out = Command::new(env!("CARGO"))
+            .args([
+                "tree",
+                "--offline",
+                "-q",
+                "-e",
+                "normal,build",
+                "--prefix",
+                "none",
+                "-p",
+                pure,
+            ])
+            .current_dir(root())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let tree = String::from_utf8_lossy(&out.stdout);
+        let io: BTreeSet<&str> = tree
+            .lines()
+            .filter_map(|l| l.split_whitespace().next())
+            .filter(|name| IO_CRATES.contains(name))
+            .collect();
+        assert!(io.is_empty(), "{pure} pulls in {io:?}");
+        assert!(tree.lines().count() > 1, "{pure}: no tree printed");
+    }
+}
+
 #[test]
 fn pure_crates_have_no_io_dependencies() {
     let deps = workspace_deps();
