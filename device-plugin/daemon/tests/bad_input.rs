@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use rocefabric_node_testing::fixtures::{self, FixtureNode};
+use rocefabric_node_testing::fixtures::{self, FixtureNode, write_variant};
 use serde_json::Value;
 
 /// Only reached when the binary hangs (before the fix, a FIFO in the tree blocked discovery
@@ -23,24 +23,6 @@ struct Run {
 }
 
 /// The binary with `args`, its output captured in files (no pipe to fill), killed after [`HANG`].
-/// A named fixture tree written to a temporary directory, removed when dropped.
-struct Fixture(tempfile::TempDir);
-
-impl Fixture {
-    fn path(&self) -> &str {
-        self.0.path().to_str().unwrap()
-    }
-}
-
-fn fixture(name: &str) -> Fixture {
-    let dir = fixtures::tempdir().unwrap();
-    FixtureNode::variant(name)
-        .unwrap()
-        .write_to(dir.path())
-        .unwrap();
-    Fixture(dir)
-}
-
 fn run(args: &[&str]) -> Run {
     let out = tempfile::tempdir().unwrap();
     let (so, se) = (out.path().join("stdout"), out.path().join("stderr"));
@@ -186,7 +168,7 @@ fn config_files_are_capped_at_1_mib() {
     let r = run(&[
         "discover",
         "--sysfs-root",
-        fixture("dgx-h100").path(),
+        write_variant("dgx-h100").unwrap().arg(),
         "--config",
         "/dev/zero",
     ]);
@@ -241,7 +223,7 @@ fn a_key_given_twice_is_refused_naming_key_and_line() {
     let r = run(&[
         "discover",
         "--sysfs-root",
-        fixture("dgx-h100").path(),
+        write_variant("dgx-h100").unwrap().arg(),
         "--config",
         s(&c),
     ]);

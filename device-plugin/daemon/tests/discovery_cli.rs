@@ -4,26 +4,8 @@
 
 use std::process::{Command, Output};
 
-use rocefabric_node_testing::fixtures::{self, FixtureNode};
+use rocefabric_node_testing::fixtures::{self, FixtureNode, write_variant};
 use serde_json::Value;
-
-/// A named fixture tree written to a temporary directory, removed when dropped.
-struct Fixture(tempfile::TempDir);
-
-impl Fixture {
-    fn path(&self) -> &str {
-        self.0.path().to_str().unwrap()
-    }
-}
-
-fn fixture(name: &str) -> Fixture {
-    let dir = fixtures::tempdir().unwrap();
-    FixtureNode::variant(name)
-        .unwrap()
-        .write_to(dir.path())
-        .unwrap();
-    Fixture(dir)
-}
 
 fn bin(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_rocefabric-device-plugin"))
@@ -100,7 +82,7 @@ fn each_device_names_the_resource_that_serves_it() {
     let v = json(&[
         "discover",
         "--sysfs-root",
-        fixture("dgx-h100").path(),
+        write_variant("dgx-h100").unwrap().arg(),
         "-o",
         "json",
     ]);
@@ -123,7 +105,7 @@ fn each_device_names_the_resource_that_serves_it() {
     let v = json(&[
         "discover",
         "--sysfs-root",
-        fixture("dgx-h100").path(),
+        write_variant("dgx-h100").unwrap().arg(),
         "--config",
         cfg,
         "-o",
@@ -151,7 +133,7 @@ fn each_device_names_the_resource_that_serves_it() {
     let out = bin(&[
         "discover",
         "--sysfs-root",
-        fixture("dgx-h100").path(),
+        write_variant("dgx-h100").unwrap().arg(),
         "--config",
         cfg,
     ]);
@@ -200,7 +182,11 @@ fn json_reports_unknown_numa_and_down_ports_as_such() {
 
 #[test]
 fn table_output_shows_the_matrix() {
-    let out = bin(&["discover", "--sysfs-root", fixture("dgx-h100").path()]);
+    let out = bin(&[
+        "discover",
+        "--sysfs-root",
+        write_variant("dgx-h100").unwrap().arg(),
+    ]);
     assert!(
         out.status.success(),
         "{}",
@@ -240,7 +226,7 @@ fn config_selector_narrows_the_output() {
     let v = json(&[
         "discover",
         "--sysfs-root",
-        fixture("dgx-h100").path(),
+        write_variant("dgx-h100").unwrap().arg(),
         "--config",
         cfg.to_str().unwrap(),
         "--output",
@@ -261,7 +247,7 @@ fn variants_are_available_as_fixtures() {
     let v = json(&[
         "discover",
         "--sysfs-root",
-        fixture("dgx-h100-ib-port").path(),
+        write_variant("dgx-h100-ib-port").unwrap().arg(),
         "--output",
         "json",
     ]);
@@ -269,7 +255,7 @@ fn variants_are_available_as_fixtures() {
     let v = json(&[
         "discover",
         "--sysfs-root",
-        fixture("dgx-h100-no-rdma").path(),
+        write_variant("dgx-h100-no-rdma").unwrap().arg(),
         "--output",
         "json",
     ]);
@@ -278,7 +264,7 @@ fn variants_are_available_as_fixtures() {
     let out = bin(&[
         "discover",
         "--sysfs-root",
-        fixture("dgx-h100-no-rdma").path(),
+        write_variant("dgx-h100-no-rdma").unwrap().arg(),
     ]);
     assert!(String::from_utf8_lossy(&out.stdout).contains("(none)"));
 }
@@ -291,7 +277,7 @@ fn errors_name_what_is_wrong() {
     let out = bin(&[
         "discover",
         "--sysfs-root",
-        fixture("dgx-h100").path(),
+        write_variant("dgx-h100").unwrap().arg(),
         "--config",
         cfg.to_str().unwrap(),
     ]);
@@ -332,7 +318,7 @@ fn a_soft_roce_device_is_listed_as_virtual_without_pci_fields() {
     let v = json(&[
         "discover",
         "--sysfs-root",
-        fixture("vm-soft-roce").path(),
+        write_variant("vm-soft-roce").unwrap().arg(),
         "--output",
         "json",
     ]);
@@ -346,7 +332,11 @@ fn a_soft_roce_device_is_listed_as_virtual_without_pci_fields() {
         assert!(h[field].is_null(), "{field}: {}", h[field]);
     }
     assert_eq!(h["devicePath"], "/devices/virtual/infiniband/rxe0");
-    let table = bin(&["discover", "--sysfs-root", fixture("vm-soft-roce").path()]);
+    let table = bin(&[
+        "discover",
+        "--sysfs-root",
+        write_variant("vm-soft-roce").unwrap().arg(),
+    ]);
     let text = String::from_utf8_lossy(&table.stdout);
     let row = text.lines().find(|l| l.starts_with("rxe0")).unwrap();
     assert!(
