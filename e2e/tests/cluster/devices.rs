@@ -290,8 +290,8 @@ fn device_plugin_on_the_real_kubelet() {
         // grpcurl, pointed at the daemon's socket by hand, sends the socket path as :authority
         // (forced here, whatever its default); the daemon answers it like the kubelet.
         let socket = local.plugin_dir.join("rocefabric-rdma_hca.sock");
-        let proto =
-            rocefabric_e2e::workspace_root().join("device-plugin/proto/deviceplugin/v1beta1");
+        let proto = rocefabric_e2e::workspace_root()
+            .join("device-plugin/kubelet/proto/deviceplugin/v1beta1");
         let out = local
             .grpcurl()
             .args(["-plaintext", "-unix", "-max-time", "20", "-authority"])
