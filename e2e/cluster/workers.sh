@@ -1,0 +1,253 @@
+# Worker nodes of the e2e cluster: qemu VMs with Soft-RoCE on their NIC, running containerd, the
+# kubelet and kube-proxy from the host's build (e2e/cluster/up --workers N). Sourced by up and down
+# after lib.sh, not run.
+#
+# Each worker rfe2e-wI (I = 1..N) is booted from e2e/vm's Debian kernel with three initramfs layers:
+# base.cpio, worker.cpio (e2e/vm/build --worker: modules, runc, iptables, CNI plugins, the init in
+# e2e/cluster/worker/init) and its own (certificates, configs, addresses). The host's
+# target/cluster/bin and images reach it read-only over 9p; its components log to
+# $LOGS/workers/rfe2e-wI/ over 9p, its console to $LOGS/worker-rfe2e-wI.log.
+#
+# Network, all of it made here and nowhere else: a tap rfe2e-wI on the cluster bridge rfe2e0 per
+# worker, the worker at 10.244.0.(200+I) in the bridge's subnet (the host's pods take .2-.199), its
+# pods in 10.244.I.0/24 on its own bridge inside the VM. Workers route each other's pod subnets
+# directly over the bridge, so pods on different nodes talk with their own addresses, and RoCE v2
+# (UDP 4791) runs between the VMs' rxe0 devices. The host itself gets no route: worker pods reach
+# the control plane masqueraded as their node, and host pods do not reach worker pods. Each worker
+# has a qemu monitor socket ($STATE/workers/rfe2e-wI/monitor.sock): `set_link net0 off` pulls its
+# cable.
+
+WORKER_PREFIX=rfe2e-w
+WORKER_TAINT=rocefabric.io/vm-worker=true:NoSchedule
+WORKER_LABEL=rocefabric.io/vm-worker=true
+WORKER_MEMORY=${ROCEFABRIC_WORKER_MEMORY:-2048}
+WORKER_CPUS=${ROCEFABRIC_WORKER_CPUS:-2}
+# The taps carry jumbo frames so a fabric MTU up to 9000 on the workers' NICs reaches the other VM
+# (the bridge forwards by the egress port's MTU).
+WORKER_TAP_MTU=9000
+VM_OUT=$ROOT/target/vm
+
+# A directory's tree as a newc cpio archive on stdout, every entry owned by root (an initramfs layer).
+worker_newc() {
+  (cd "$1" && find . -mindepth 1 -printf '%P\n' | LC_ALL=C sort | cpio --quiet -o -H newc -R 0:0)
+}
+
+worker_name() { echo "$WORKER_PREFIX$1"; }
+worker_ip() { echo "10.244.0.$((200 + $1))"; }
+worker_pod_cidr() { echo "10.244.$1.0/24"; }
+
+# The accelerator qemu gets: KVM when a VM really boots with it (a nested or paravirtualised
+# /dev/kvm may exist and still hang a guest), else TCG. Probed once per machine boot and cached.
+worker_accel() {
+  local cache=$STATE/accel boot_id
+  boot_id=$(cat /proc/sys/kernel/random/boot_id)
+  if [ -f "$cache" ] && [ "$(head -1 "$cache")" = "$boot_id" ]; then
+    tail -1 "$cache"
+    return 0
+  fi
+  local accel=tcg
+  if [ -r /dev/kvm ] && [ -w /dev/kvm ]; then
+    local work
+    work=$(mktemp -d /tmp/rocefabric-kvm.XXXXXX)
+    printf 'echo kvm-probe-ok\n' >"$work/scenario"
+    worker_newc "$work" >"$work/layer.cpio"
+    cat "$VM_OUT/base.cpio" "$work/layer.cpio" >"$work/initrd"
+    if timeout -k 2 30 qemu-system-x86_64 -accel kvm -cpu host -smp 1 -m 512 -nographic -no-reboot \
+      -kernel "$VM_OUT/vmlinuz" -initrd "$work/initrd" -append "console=ttyS0 panic=-1 quiet" \
+      -nic none </dev/null 2>/dev/null | grep -aq 'ROCEFABRIC-VM-EXIT 0'; then
+      accel=kvm
+    fi
+    rm -rf "$work"
+  fi
+  printf '%s\n%s\n' "$boot_id" "$accel" >"$cache"
+  echo "$accel"
+}
+
+# The worker's own layer: its facts, certificates, kubeconfigs and component configs.
+worker_layer() { # INDEX COUNT
+  local i=$1 count=$2 name ip pod_cidr dir conf routes="" j
+  name=$(worker_name "$i")
+  ip=$(worker_ip "$i")
+  pod_cidr=$(worker_pod_cidr "$i")
+  dir=$STATE/workers/$name/layer
+  conf=$dir/etc/rocefabric-worker
+  rm -rf "$dir"
+  mkdir -p "$conf/pki"
+  for j in $(seq "$count"); do
+    [ "$j" = "$i" ] || routes+="$(worker_pod_cidr "$j")@$(worker_ip "$j") "
+  done
+  cert "kubelet-$name" "system:node:$name" system:nodes
+  cert "kubelet-serving-$name" "system:node:$name" system:nodes "IP:$ip,DNS:$name"
+  cp "$PKI/ca.crt" "$conf/pki/"
+  cp "$PKI/kubelet-serving-$name.crt" "$conf/pki/kubelet-serving.crt"
+  cp "$PKI/kubelet-serving-$name.key" "$conf/pki/kubelet-serving.key"
+  # kubeconfig() reads $PKI/<user>.{crt,key}: the node's client certificate under a per-node name.
+  kubeconfig "$conf/kubelet.kubeconfig" "kubelet-$name"
+  kubeconfig "$conf/kube-proxy.kubeconfig" kube-proxy
+  cat >"$conf/env" <<EOF
+NODE_NAME=$name
+NODE_IP=$ip
+HOST_IP=$NODE_IP
+HOST_SUBNET=10.244.0.0/24
+POD_CIDR=$pod_cidr
+POD_ROUTES="$routes"
+SERVICE_CIDR=$SERVICE_CIDR
+NIC_MTU=1500
+NODE_LABELS=$WORKER_LABEL
+NODE_TAINTS=$WORKER_TAINT
+EOF
+  cat >"$conf/containerd.toml" <<EOF
+version = 3
+root = "/var/lib/containerd"
+state = "/run/containerd"
+[grpc]
+  address = "/run/containerd/containerd.sock"
+[plugins."io.containerd.cri.v1.images"]
+  snapshotter = "overlayfs"
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = "$PAUSE_IMAGE"
+[plugins."io.containerd.cri.v1.runtime"]
+  enable_cdi = true
+  cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"]
+  [plugins."io.containerd.cri.v1.runtime".containerd]
+    default_runtime_name = "runc"
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+        # The root is the initramfs, which pivot_root cannot leave.
+        NoPivotRoot = true
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = ["/opt/cni/bin"]
+    conf_dir = "/etc/cni/net.d"
+EOF
+  cat >"$conf/10-worker.conflist" <<EOF
+{
+  "cniVersion": "1.0.0",
+  "name": "rocefabric-e2e",
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": "cni0",
+      "isGateway": true,
+      "ipMasq": false,
+      "hairpinMode": true,
+      "ipam": {"type": "host-local", "ranges": [[{"subnet": "$pod_cidr"}]], "routes": [{"dst": "0.0.0.0/0"}]}
+    },
+    {"type": "portmap", "capabilities": {"portMappings": true}}
+  ]
+}
+EOF
+  cat >"$conf/kubelet.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: $ip
+port: 10250
+healthzBindAddress: 127.0.0.1
+healthzPort: 10248
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: /etc/rocefabric-worker/pki/ca.crt}
+authorization: {mode: Webhook}
+tlsCertFile: /etc/rocefabric-worker/pki/kubelet-serving.crt
+tlsPrivateKeyFile: /etc/rocefabric-worker/pki/kubelet-serving.key
+cgroupDriver: cgroupfs
+containerRuntimeEndpoint: unix:///run/containerd/containerd.sock
+failSwapOn: false
+nodeStatusUpdateFrequency: 3s
+nodeStatusReportFrequency: 30s
+evictionHard: {memory.available: 50Mi, nodefs.available: 1%, imagefs.available: 1%, nodefs.inodesFree: 1%}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+serializeImagePulls: false
+resolvConf: /etc/resolv.conf
+maxPods: 30
+shutdownGracePeriod: 0s
+EOF
+  cat >"$conf/kube-proxy.yaml" <<EOF
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection: {kubeconfig: /etc/rocefabric-worker/kube-proxy.kubeconfig}
+mode: iptables
+clusterCIDR: 10.244.0.0/16
+hostnameOverride: $name
+bindAddress: $ip
+healthzBindAddress: 127.0.0.1:10256
+metricsBindAddress: 127.0.0.1:10249
+nodePortAddresses: ["$ip/32"]
+EOF
+  # The kubeconfigs name the host's paths for nothing: certificates are inline. The scenario starts
+  # the worker's init from the worker layer.
+  printf '#!/bin/sh\nexec sh /usr/lib/rocefabric/worker-init\n' >"$dir/scenario"
+}
+
+start_worker() { # INDEX COUNT ACCEL
+  local i=$1 count=$2 accel=$3 name ip tap dir cpu=(-cpu max)
+  name=$(worker_name "$i")
+  running "worker-$name" && return 0
+  ip=$(worker_ip "$i")
+  tap=$name
+  dir=$STATE/workers/$name
+  worker_layer "$i" "$count"
+  cat "$VM_OUT/base.cpio" "$VM_OUT/worker.cpio" >"$dir/initrd"
+  worker_newc "$dir/layer" >>"$dir/initrd"
+  mkdir -p "$LOGS/workers/$name"
+  rm -f "$LOGS/workers/$name"/*.log
+  : >"$LOGS/worker-$name.log"
+  if ! ip link show "$tap" >/dev/null 2>&1; then
+    ip tuntap add dev "$tap" mode tap
+  fi
+  ip link set "$tap" master "$BRIDGE" mtu "$WORKER_TAP_MTU" up
+  [ "$accel" = kvm ] && cpu=(-cpu host)
+  rm -f "$dir/monitor.sock"
+  start "worker-$name" qemu-system-x86_64 -name "$name" -accel "$accel" "${cpu[@]}" \
+    -smp "$WORKER_CPUS" -m "$WORKER_MEMORY" -display none -no-reboot -serial stdio \
+    -monitor "unix:$dir/monitor.sock,server,nowait" \
+    -kernel "$VM_OUT/vmlinuz" -initrd "$dir/initrd" -append "console=ttyS0 panic=-1 quiet" \
+    -netdev "tap,id=net0,ifname=$tap,script=no,downscript=no" \
+    -device "virtio-net-pci,netdev=net0,mac=52:54:00:e2:00:$(printf %02x "$i")" \
+    -virtfs "local,path=$BIN,mount_tag=bin,security_model=none,readonly=on" \
+    -virtfs "local,path=$STATE/images,mount_tag=images,security_model=none,readonly=on" \
+    -virtfs "local,path=$LOGS/workers/$name,mount_tag=logs,security_model=none"
+  say "worker $name ($ip, pods $(worker_pod_cidr "$i"), $accel) booting; console: $LOGS/worker-$name.log"
+}
+
+start_workers() { # COUNT
+  local count=$1 i accel started=$SECONDS
+  [ "$count" -gt 0 ] || return 0
+  [ "$count" -le 9 ] || die "--workers takes 0..9"
+  "$ROOT/e2e/vm/build" --worker >/dev/null 2>&1 || die "e2e/vm/build --worker failed"
+  accel=$(worker_accel)
+  for i in $(seq "$count"); do start_worker "$i" "$count" "$accel"; done
+  for i in $(seq "$count"); do
+    wait_for "worker $(worker_name "$i") Ready (console: $LOGS/worker-$(worker_name "$i").log)" 900 \
+      kubectl_admin wait --for=condition=Ready "node/$(worker_name "$i")" --timeout=2s
+  done
+  say "$count workers Ready in $((SECONDS - started))s ($accel)"
+}
+
+# The names of the workers whose VM runs, space-separated.
+running_workers() {
+  local pidfile name
+  for pidfile in "$PIDS"/worker-*.pid; do
+    [ -e "$pidfile" ] || continue
+    name=$(basename "$pidfile" .pid)
+    running "$name" && printf '%s ' "${name#worker-}"
+  done
+  return 0
+}
+
+# Every worker VM and tap, whatever their count; their Node objects go with the control plane's
+# etcd (or are deleted here when the control plane stays).
+stop_workers() {
+  local pidfile name
+  for pidfile in "$PIDS"/worker-*.pid; do
+    [ -e "$pidfile" ] || continue
+    name=$(basename "$pidfile" .pid)
+    stop "$name"
+  done
+  for name in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1 | grep "^$WORKER_PREFIX[0-9]*$"); do
+    ip link del "$name" 2>/dev/null || true
+  done
+}
