@@ -54,6 +54,9 @@ pub mod reason {
     pub const QOS_APPLIED: &str = "QosApplied";
     pub const QOS_FAILED: &str = "QosFailed";
     pub const QOS_UNSUPPORTED: &str = "QosUnsupported";
+    /// A Soft-RoCE interface counts as configured without lossless QoS, as the fabric's
+    /// `qos.lossySoftRoce: Accept` allows (`QosApplied` True, `Degraded` True).
+    pub const SOFT_ROCE_ACCEPTED: &str = "SoftRoceAccepted";
     pub const NO_INTERFACES: &str = "NoInterfaces";
     pub const LINK_DOWN: &str = "LinkDown";
     pub const DRIFT_CORRECTED: &str = "DriftCorrected";

@@ -124,6 +124,32 @@ pub struct QosSpec {
     #[serde(default = "default_mtu")]
     #[schemars(range(min = 1280, max = 9216))]
     pub mtu: u16,
+    /// Whether a Soft-RoCE interface (a virtual RDMA device, the kernel's `rdma_rxe`, no PCI
+    /// function; selected only when `nicSelector` names it) may count as configured. It has no
+    /// DCB, so it cannot hold trust, the DSCP map or PFC, nor ECN or CNP settings: it is never
+    /// lossless. `Refuse` (default): as for any NIC that is not lossless, its node reports
+    /// `QosApplied` False (`QosUnsupported`) and the device plugin's QoS gate keeps its HCA
+    /// unhealthy. `Accept` (test clusters): on a virtual device only, those knobs being
+    /// unsupported does not block; the MTU and the rdma_cm RoCE ToS and mode must still hold.
+    /// The node then reports `QosApplied` True with reason `SoftRoceAccepted` and `Degraded`
+    /// True naming the knobs that are not lossless. A PCI NIC (ConnectX) in the same fabric is
+    /// gated as under `Refuse`.
+    #[serde(default)]
+    pub lossy_soft_roce: LossySoftRoce,
+}
+
+/// Whether a Soft-RoCE interface, which cannot be lossless, may count as configured
+/// (`spec.qos.lossySoftRoce`).
+#[derive(
+    Serialize, Deserialize, schemars::JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq, Hash,
+)]
+pub enum LossySoftRoce {
+    /// Not lossless, so not configured: the node's QoS is unsupported, as for any such NIC.
+    #[default]
+    Refuse,
+    /// Configured once what a soft device can hold holds (MTU, rdma_cm RoCE ToS and mode),
+    /// reported as not lossless.
+    Accept,
 }
 
 impl Default for QosSpec {
@@ -136,6 +162,7 @@ impl Default for QosSpec {
             ecn: EcnSpec::default(),
             cnp: CnpSpec::default(),
             mtu: default_mtu(),
+            lossy_soft_roce: LossySoftRoce::default(),
         }
     }
 }

@@ -21,7 +21,7 @@ pub mod structural;
 pub mod validate;
 
 pub use fabric::{
-    CnpSpec, EcnSpec, NodeCounts, QosSpec, RegionCounts, RoceFabric, RoceFabricSpec,
+    CnpSpec, EcnSpec, LossySoftRoce, NodeCounts, QosSpec, RegionCounts, RoceFabric, RoceFabricSpec,
     RoceFabricStatus, RolloutSpec, SharedMemorySpec, Trust,
 };
 pub use nic_selector::{NicIdentity, NicSelector};

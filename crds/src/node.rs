@@ -79,6 +79,14 @@ pub struct InterfaceStatus {
     /// PCI address of the function (`0000:18:00.0`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pci_address: Option<String>,
+    /// The RDMA device is virtual (Soft-RoCE `rxe`, no PCI function): it has no DCB, so it is
+    /// never lossless (the fabric's `qos.lossySoftRoce` says whether it may count as configured).
+    #[serde(
+        rename = "virtual",
+        default,
+        skip_serializing_if = "std::ops::Not::not"
+    )]
+    pub is_virtual: bool,
     /// RDMA port state (`ACTIVE`, `DOWN`, ...).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub link_state: Option<String>,

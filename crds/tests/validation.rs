@@ -3,7 +3,7 @@
 
 use kube::CustomResourceExt;
 use rocefabric_api::validate::{self, FieldError};
-use rocefabric_api::{QosSpec, RoceFabric, RoceFabricSpec, Trust};
+use rocefabric_api::{LossySoftRoce, QosSpec, RoceFabric, RoceFabricSpec, Trust};
 use serde_json::{Value, json};
 
 fn fabric(spec: Value) -> Value {
@@ -56,6 +56,54 @@ fn empty_spec_gets_the_standard_lossless_defaults() {
     assert!(f.spec.shared_memory.is_none());
     assert!(errors(json!({})).is_empty());
     f.validate_cel().expect("defaults pass the CEL rules");
+}
+
+/// `lossySoftRoce` keeps today's rule unless a fabric says otherwise: absent is `Refuse`, in
+/// the typed default, in the CRD's default for the API server and in the rendered RoceNode QoS;
+/// only its two values are valid, spelled as the API spells them.
+#[test]
+fn lossy_soft_roce_defaults_to_refuse_and_takes_only_its_two_values() {
+    let f: RoceFabric = serde_json::from_value(fabric(json!({}))).expect("empty spec parses");
+    assert_eq!(f.spec.qos.lossy_soft_roce, LossySoftRoce::Refuse);
+    assert_eq!(QosSpec::default().lossy_soft_roce, LossySoftRoce::Refuse);
+    let crd = serde_json::to_value(RoceFabric::crd()).expect("json");
+    let qos = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+        ["qos"];
+    let field = &qos["properties"]["lossySoftRoce"];
+    assert_eq!(field["default"], "Refuse");
+    assert_eq!(field["enum"], json!(["Refuse", "Accept"]));
+    assert_eq!(field["type"], "string");
+    assert!(
+        field["description"]
+            .as_str()
+            .is_some_and(|d| d.contains("SoftRoceAccepted") && d.contains("ConnectX")),
+        "the CRD states the rule: {field}"
+    );
+    assert_eq!(qos["default"]["lossySoftRoce"], "Refuse");
+
+    let accept: RoceFabric =
+        serde_json::from_value(fabric(json!({"qos": {"lossySoftRoce": "Accept"}})))
+            .expect("Accept parses");
+    assert_eq!(accept.spec.qos.lossy_soft_roce, LossySoftRoce::Accept);
+    assert_eq!(
+        accept.spec.qos.rendered().lossy_soft_roce,
+        LossySoftRoce::Accept,
+        "rendering keeps it"
+    );
+    assert!(errors(json!({"qos": {"lossySoftRoce": "Accept"}})).is_empty());
+    assert!(errors(json!({"qos": {"lossySoftRoce": "Refuse"}})).is_empty());
+    accept.validate_cel().expect("Accept passes the CEL rules");
+    for bad in [json!("accept"), json!("Allow"), json!(true), json!("")] {
+        assert_rejected(
+            json!({"qos": {"lossySoftRoce": bad}}),
+            "spec.qos.lossySoftRoce",
+            &bad.to_string(),
+        );
+    }
+    let q = validate::qos_value(&json!({"lossySoftRoce": "Accept"})).expect("a bare QoS block");
+    assert_eq!(q.lossy_soft_roce, LossySoftRoce::Accept);
+    let e = validate::qos_value(&json!({"lossySoftRoce": "accept"})).expect_err("wrong case");
+    assert_eq!(e.errors[0].field, "lossySoftRoce", "{e}");
 }
 
 #[test]

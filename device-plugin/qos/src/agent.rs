@@ -41,7 +41,9 @@ use tracing::{debug, info, instrument, warn};
 
 use rocefabric_runtime::{Backoff, Retry};
 
+mod lossless;
 mod status;
+pub use lossless::*;
 pub use status::*;
 
 use super::apply::{self, Netlink, Outcome};
@@ -251,6 +253,7 @@ pub fn select_interfaces(
                 Some(RdmaPort {
                     device: h.name.clone(),
                     port: h.port,
+                    is_virtual: h.is_virtual(),
                 }),
             );
             Some(Selected {
@@ -303,6 +306,7 @@ pub async fn reconcile(
                 netdev: sel.files.netdev.clone(),
                 rdma_device: sel.files.rdma.as_ref().map(|r| r.device.clone()),
                 pci_address: sel.files.pci_address.clone(),
+                is_virtual: sel.files.is_virtual(),
                 link_state: sel.link_state.clone(),
                 knobs: failed_knobs(&desired, e),
                 ..Default::default()

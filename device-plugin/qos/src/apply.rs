@@ -224,6 +224,7 @@ pub fn interface_status(
         netdev: files.netdev.clone(),
         rdma_device: files.rdma.as_ref().map(|r| r.device.clone()),
         pci_address: files.pci_address.clone(),
+        is_virtual: files.is_virtual(),
         link_state,
         trust: observed.trust.get().copied(),
         pfc_priorities: observed.pfc.get().map(|p| p.enabled_priorities()),

@@ -47,6 +47,8 @@ impl Default for Roots {
 pub struct RdmaPort {
     pub device: String,
     pub port: u32,
+    /// A virtual RDMA device (Soft-RoCE `rxe`) with no PCI function: it has no DCB of its own.
+    pub is_virtual: bool,
 }
 
 /// A file operation that failed.
@@ -104,6 +106,11 @@ impl NetdevFiles {
             pci_address,
             rdma,
         }
+    }
+
+    /// Whether the netdev's RDMA device is virtual (Soft-RoCE).
+    pub fn is_virtual(&self) -> bool {
+        self.rdma.as_ref().is_some_and(|r| r.is_virtual)
     }
 
     fn net_dir(&self) -> PathBuf {
@@ -403,6 +410,7 @@ fn find_virtual_rdma_port(sysfs: &Path, netdev: &str) -> Option<RdmaPort> {
     by_parent.or_else(by_gid).map(|device| RdmaPort {
         device: device.clone(),
         port: 1,
+        is_virtual: true,
     })
 }
 
@@ -435,6 +443,7 @@ fn find_rdma_port(infiniband_dir: &Path, netdev: &str) -> Option<RdmaPort> {
                 return Some(RdmaPort {
                     device: device.clone(),
                     port: *port,
+                    is_virtual: false,
                 });
             }
         }
@@ -443,6 +452,7 @@ fn find_rdma_port(infiniband_dir: &Path, netdev: &str) -> Option<RdmaPort> {
         [only] => Some(RdmaPort {
             device: only.clone(),
             port: 1,
+            is_virtual: false,
         }),
         _ => None,
     }
@@ -511,7 +521,8 @@ mod tests {
                 files.rdma,
                 Some(RdmaPort {
                     device: "rxe0".into(),
-                    port: 1
+                    port: 1,
+                    is_virtual: true,
                 }),
                 "{netdev}"
             );

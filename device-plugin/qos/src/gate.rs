@@ -1,5 +1,6 @@
 //! The device plugin's gate, fed from the node's `RoceNode`: the fabric's traffic class, and the
-//! netdevs whose QoS the agent reports holding for the current spec. The kubelet-facing `serve`
+//! netdevs whose QoS the agent reports holding for the current spec (lossless, or a Soft-RoCE
+//! interface the fabric accepts without lossless QoS, `spec.qos.lossySoftRoce: Accept`). The kubelet-facing `serve`
 //! process runs [`watch_fabric_view`] (read-only API access, no NET_ADMIN) and hands the receiver
 //! to [`rocefabric_device_plugin::serve::run`].
 
@@ -13,13 +14,14 @@ use rocefabric_api::RoceNode;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::agent::interface_is_lossless;
+use crate::agent::interface_is_admitted;
 use rocefabric_node_model::config::QosGate;
 use rocefabric_node_model::fabric_view::FabricView;
 
 /// The view a `RoceNode` gives: `None` (no RoceNode) is no gate; otherwise the spec's traffic
-/// class and the netdevs whose every knob holds, reported for the node's current generation
-/// (a status from an older spec admits nothing: the new spec is not applied yet).
+/// class and the netdevs the agent's report admits ([`interface_is_admitted`] under the spec's
+/// `qos.lossySoftRoce`), reported for the node's current generation (a status from an older spec
+/// admits nothing: the new spec is not applied yet).
 pub fn fabric_view_from_roce_node(node: Option<&RoceNode>) -> FabricView {
     let Some(node) = node else {
         return FabricView::default();
@@ -33,7 +35,7 @@ pub fn fabric_view_from_roce_node(node: Option<&RoceNode>) -> FabricView {
                 status
                     .interfaces
                     .iter()
-                    .filter(|i| interface_is_lossless(i))
+                    .filter(|i| interface_is_admitted(i, node.spec.qos.lossy_soft_roce))
                     .map(|i| i.netdev.clone()),
             );
         }
@@ -232,6 +234,33 @@ mod tests {
             view.qos_ready,
             Some(["enp24s0np0".to_string()].into_iter().collect()),
             "upstream mlx5 (no ECN files) is lossless; a NIC without PFC is not"
+        );
+    }
+
+    /// With `lossySoftRoce: Accept` the gate admits a Soft-RoCE netdev whose only unsupported
+    /// knobs are those a soft device cannot hold; a ConnectX with unsupported PFC stays out, and
+    /// under the default nothing that is not lossless gets in.
+    #[test]
+    fn an_accepted_soft_roce_interface_is_admitted_and_a_connectx_without_pfc_is_not() {
+        let mut soft = iface("eth0", &[KnobOutcome::Unsupported]);
+        soft.is_virtual = true;
+        soft.knobs.push(knob(Knob::Mtu, KnobOutcome::Applied));
+        let mut soft_bad_mtu = soft.clone();
+        soft_bad_mtu.netdev = "eth1".into();
+        soft_bad_mtu.knobs[1].outcome = KnobOutcome::Failed;
+        let mut connectx = iface("enp24s0np0", &[KnobOutcome::Unsupported]);
+        connectx.pci_address = Some("0000:18:00.0".into());
+        connectx.knobs.push(knob(Knob::Mtu, KnobOutcome::Applied));
+        let mut n = node(2, 2, vec![soft, soft_bad_mtu, connectx]);
+        assert_eq!(
+            fabric_view_from_roce_node(Some(&n)).qos_ready,
+            Some(BTreeSet::new()),
+            "Refuse (the default): none of them is lossless"
+        );
+        n.spec.qos.lossy_soft_roce = rocefabric_api::LossySoftRoce::Accept;
+        assert_eq!(
+            fabric_view_from_roce_node(Some(&n)).qos_ready,
+            Some(["eth0".to_string()].into_iter().collect())
         );
     }
 

@@ -14,7 +14,8 @@
 //!   driver statistics (`ethtool -S`: pause durations, pause-storm events) over `SIOCETHTOOL`;
 //! - [`default_route`] (pure): the node's default-route interfaces, kept out of QoS unless named;
 //! - [`agent`]: the Kubernetes shell that applies a `RoceNode` and writes its status;
-//! - [`gate`]: the device plugin's view of which netdevs are lossless.
+//! - [`gate`]: the device plugin's view of which netdevs are lossless (or Soft-RoCE the fabric
+//!   accepts without it, `spec.qos.lossySoftRoce: Accept`).
 
 pub mod agent;
 pub mod apply;

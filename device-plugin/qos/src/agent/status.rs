@@ -4,9 +4,12 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use rocefabric_api::conditions::{self, Desired as DesiredCondition};
 use rocefabric_api::constants::{API_VERSION, condition, reason};
-use rocefabric_api::{InterfaceStatus, Knob, KnobOutcome, KnobStatus, RoceNode, RoceNodeStatus};
+use rocefabric_api::{
+    InterfaceStatus, Knob, KnobOutcome, KnobStatus, LossySoftRoce, RoceNode, RoceNodeStatus,
+};
 
 use super::super::plan::Desired;
+use super::lossless::{blocks, is_accepted_soft_roce};
 
 pub(super) fn knob_name(knob: Knob) -> String {
     serde_json::to_value(knob)
@@ -15,21 +18,18 @@ pub(super) fn knob_name(knob: Knob) -> String {
         .unwrap_or_else(|| format!("{knob:?}"))
 }
 
+/// `"<netdev> <knob>: <why>"` for every knob of `interfaces` that `which` picks.
 pub(super) fn problems(
     interfaces: &[InterfaceStatus],
-    outcome: KnobOutcome,
-    which: impl Fn(Knob) -> bool + Copy,
+    which: impl Fn(&InterfaceStatus, &KnobStatus) -> bool + Copy,
 ) -> Vec<String> {
     interfaces
         .iter()
         .flat_map(|i| {
-            i.knobs
-                .iter()
-                .filter(move |k| k.outcome == outcome && which(k.knob))
-                .map(move |k| {
-                    let why = k.error.as_deref().unwrap_or("no detail");
-                    format!("{} {}: {why}", i.netdev, knob_name(k.knob))
-                })
+            i.knobs.iter().filter(move |k| which(i, k)).map(move |k| {
+                let why = k.error.as_deref().unwrap_or("no detail");
+                format!("{} {}: {why}", i.netdev, knob_name(k.knob))
+            })
         })
         .collect()
 }
@@ -43,64 +43,119 @@ pub(super) fn summarize(items: &[String], n: usize) -> String {
     s
 }
 
-/// Knobs without which the NIC is not lossless: if one of them cannot be set, RoCE traffic may
-/// be dropped, so the node must not be reported as applied (and the device-plugin gate keeps its
-/// HCAs unhealthy). The others (ECN, CNP, rdma_cm ToS) tune congestion control; the upstream mlx5
-/// driver exposes no ECN enable files at all (the firmware enables DCQCN), so an unsupported one
-/// degrades the node without blocking it.
-pub fn is_lossless_knob(knob: Knob) -> bool {
-    matches!(knob, Knob::Trust | Knob::DscpMap | Knob::Pfc | Knob::Mtu)
+/// `"<netdev> (<rdma device>)"`.
+fn interface_name(iface: &InterfaceStatus) -> String {
+    match &iface.rdma_device {
+        Some(rdma) => format!("{} ({rdma})", iface.netdev),
+        None => iface.netdev.clone(),
+    }
 }
 
-/// Whether an interface's report proves it lossless: no knob failed and every lossless knob
-/// holds. The device-plugin gate admits exactly these interfaces.
-pub fn interface_is_lossless(iface: &InterfaceStatus) -> bool {
-    !iface.knobs.is_empty()
-        && iface.knobs.iter().all(|k| {
-            k.outcome.holds()
-                || (k.outcome == KnobOutcome::Unsupported && !is_lossless_knob(k.knob))
+/// `"eth0 (rxe0): trust, dscpMap, pfc unsupported"` for each Soft-RoCE interface admitted only
+/// because `policy` accepts it.
+fn accepted_soft_roce(interfaces: &[InterfaceStatus], policy: LossySoftRoce) -> Vec<String> {
+    interfaces
+        .iter()
+        .filter(|i| is_accepted_soft_roce(i, policy))
+        .map(|i| {
+            let knobs: Vec<String> = i
+                .knobs
+                .iter()
+                .filter(|k| k.outcome == KnobOutcome::Unsupported)
+                .map(|k| knob_name(k.knob))
+                .collect();
+            format!("{}: {} unsupported", interface_name(i), knobs.join(", "))
         })
+        .collect()
 }
 
-/// `QosApplied`, `Ready` and `Degraded` for a node's interfaces (pure).
-///
-/// `QosApplied` is True when no knob failed and every lossless knob ([`is_lossless_knob`])
-/// holds. `Degraded` is True whenever anything failed or is unsupported, naming the knobs.
-pub fn node_conditions(interfaces: &[InterfaceStatus]) -> Vec<DesiredCondition> {
-    let failed = problems(interfaces, KnobOutcome::Failed, |_| true);
-    let unsupported_lossless = problems(interfaces, KnobOutcome::Unsupported, is_lossless_knob);
-    let unsupported_tuning = problems(interfaces, KnobOutcome::Unsupported, |k| {
-        !is_lossless_knob(k)
-    });
-    let (qos_ok, qos_reason, qos_message) = if interfaces.is_empty() {
-        (
+/// The Soft-RoCE interfaces kept out only because the fabric refuses lossy Soft-RoCE: the hint
+/// that says what a test fabric can do about it.
+fn refused_soft_roce_hint(interfaces: &[InterfaceStatus], policy: LossySoftRoce) -> String {
+    if policy != LossySoftRoce::Refuse {
+        return String::new();
+    }
+    let refused: Vec<String> = interfaces
+        .iter()
+        .filter(|i| {
+            i.knobs
+                .iter()
+                .any(|k| blocks(policy, i, k) && !blocks(LossySoftRoce::Accept, i, k))
+        })
+        .map(interface_name)
+        .collect();
+    if refused.is_empty() {
+        return String::new();
+    }
+    format!(
+        "; {} is Soft-RoCE, which has no DCB and is never lossless: a test fabric may accept it \
+         with spec.qos.lossySoftRoce: Accept",
+        refused.join(", ")
+    )
+}
+
+/// `QosApplied`: status, reason and message.
+struct Verdict {
+    ok: bool,
+    reason: &'static str,
+    message: String,
+}
+
+impl Verdict {
+    fn new(ok: bool, reason: &'static str, message: String) -> Self {
+        Self {
+            ok,
+            reason,
+            message,
+        }
+    }
+}
+
+/// `QosApplied` for a node's interfaces under the fabric's Soft-RoCE policy (pure): failures
+/// first, then knobs that block ([`blocks`]), then whether a Soft-RoCE interface counts only
+/// because the fabric accepts it.
+fn qos_verdict(interfaces: &[InterfaceStatus], policy: LossySoftRoce) -> Verdict {
+    if interfaces.is_empty() {
+        return Verdict::new(
             false,
             reason::NO_INTERFACES,
             "no RoCE interface on this node matches the fabric's nicSelector".to_string(),
-        )
-    } else if !failed.is_empty() {
-        (
-            false,
-            reason::QOS_FAILED,
-            format!("{} knob(s) failed: {}", failed.len(), summarize(&failed, 5)),
-        )
-    } else if !unsupported_lossless.is_empty() {
-        (
-            false,
-            reason::QOS_UNSUPPORTED,
-            format!(
-                "{} knob(s) unsupported: {}",
-                unsupported_lossless.len(),
-                summarize(&unsupported_lossless, 5)
-            ),
-        )
-    } else {
-        (
-            true,
-            reason::QOS_APPLIED,
-            format!("QoS holds on {} interface(s)", interfaces.len()),
-        )
-    };
+        );
+    }
+    let failed = problems(interfaces, |_, k| k.outcome == KnobOutcome::Failed);
+    if !failed.is_empty() {
+        let message = format!("{} knob(s) failed: {}", failed.len(), summarize(&failed, 5));
+        return Verdict::new(false, reason::QOS_FAILED, message);
+    }
+    let blocking = problems(interfaces, |i, k| {
+        k.outcome == KnobOutcome::Unsupported && blocks(policy, i, k)
+    });
+    if !blocking.is_empty() {
+        let message = format!(
+            "{} knob(s) unsupported: {}{}",
+            blocking.len(),
+            summarize(&blocking, 5),
+            refused_soft_roce_hint(interfaces, policy)
+        );
+        return Verdict::new(false, reason::QOS_UNSUPPORTED, message);
+    }
+    let soft = accepted_soft_roce(interfaces, policy);
+    if soft.is_empty() {
+        let message = format!("QoS holds on {} interface(s)", interfaces.len());
+        return Verdict::new(true, reason::QOS_APPLIED, message);
+    }
+    let message = format!(
+        "{} interface(s) configured, not lossless: {} Soft-RoCE interface(s) accepted by \
+         spec.qos.lossySoftRoce: Accept: {}",
+        interfaces.len(),
+        soft.len(),
+        summarize(&soft, 5)
+    );
+    Verdict::new(true, reason::SOFT_ROCE_ACCEPTED, message)
+}
+
+/// `Ready`: `QosApplied`, then every interface's link up.
+fn ready_condition(interfaces: &[InterfaceStatus], qos: &Verdict) -> DesiredCondition {
     let down: Vec<String> = interfaces
         .iter()
         .filter(|i| i.link_state.as_deref() != Some("ACTIVE"))
@@ -112,8 +167,8 @@ pub fn node_conditions(interfaces: &[InterfaceStatus]) -> Vec<DesiredCondition> 
             )
         })
         .collect();
-    let ready = if !qos_ok {
-        DesiredCondition::new(condition::READY, false, qos_reason, qos_message.clone())
+    if !qos.ok {
+        DesiredCondition::new(condition::READY, false, qos.reason, qos.message.clone())
     } else if !down.is_empty() {
         DesiredCondition::new(
             condition::READY,
@@ -126,27 +181,56 @@ pub fn node_conditions(interfaces: &[InterfaceStatus]) -> Vec<DesiredCondition> 
             condition::READY,
             true,
             reason::AS_EXPECTED,
-            qos_message.clone(),
+            qos.message.clone(),
         )
-    };
-    let degraded = if qos_ok && !unsupported_tuning.is_empty() {
-        DesiredCondition::new(
+    }
+}
+
+/// `Degraded`: whatever did not hold, even where `QosApplied` is True (congestion-control knobs
+/// a lossless NIC lacks, or a Soft-RoCE interface the fabric accepts without lossless QoS).
+fn degraded_condition(interfaces: &[InterfaceStatus], qos: &Verdict) -> DesiredCondition {
+    if !qos.ok {
+        return DesiredCondition::new(condition::DEGRADED, true, qos.reason, qos.message.clone());
+    }
+    let unsupported = problems(interfaces, |_, k| k.outcome == KnobOutcome::Unsupported);
+    if unsupported.is_empty() {
+        return DesiredCondition::new(condition::DEGRADED, false, reason::AS_EXPECTED, "");
+    }
+    let n = unsupported.len();
+    let listed = summarize(&unsupported, 5);
+    if qos.reason == reason::SOFT_ROCE_ACCEPTED {
+        let message = format!(
+            "not lossless, Soft-RoCE accepted by spec.qos.lossySoftRoce: Accept: {n} knob(s) \
+             unsupported: {listed}"
+        );
+        return DesiredCondition::new(
             condition::DEGRADED,
             true,
-            reason::QOS_UNSUPPORTED,
-            format!(
-                "lossless, but {} congestion-control knob(s) unsupported: {}",
-                unsupported_tuning.len(),
-                summarize(&unsupported_tuning, 5)
-            ),
-        )
-    } else if qos_ok {
-        DesiredCondition::new(condition::DEGRADED, false, reason::AS_EXPECTED, "")
-    } else {
-        DesiredCondition::new(condition::DEGRADED, true, qos_reason, qos_message.clone())
-    };
+            reason::SOFT_ROCE_ACCEPTED,
+            message,
+        );
+    }
+    let message = format!("lossless, but {n} congestion-control knob(s) unsupported: {listed}");
+    DesiredCondition::new(condition::DEGRADED, true, reason::QOS_UNSUPPORTED, message)
+}
+
+/// `QosApplied`, `Ready` and `Degraded` for a node's interfaces under the fabric's Soft-RoCE
+/// policy (`spec.qos.lossySoftRoce`; pure).
+///
+/// `QosApplied` is True when no knob failed and every lossless knob
+/// ([`is_lossless_knob`](super::is_lossless_knob)) holds, except that `Accept` excuses, on a
+/// virtual device only, the knobs no soft device can hold
+/// ([`soft_roce_cannot_hold`](super::soft_roce_cannot_hold)): reason `SoftRoceAccepted` then.
+/// `Degraded` is True whenever anything failed or is unsupported, naming the knobs.
+pub fn node_conditions(
+    interfaces: &[InterfaceStatus],
+    policy: LossySoftRoce,
+) -> Vec<DesiredCondition> {
+    let qos = qos_verdict(interfaces, policy);
+    let ready = ready_condition(interfaces, &qos);
+    let degraded = degraded_condition(interfaces, &qos);
     vec![
-        DesiredCondition::new(condition::QOS_APPLIED, qos_ok, qos_reason, qos_message),
+        DesiredCondition::new(condition::QOS_APPLIED, qos.ok, qos.reason, qos.message),
         ready,
         degraded,
     ]
@@ -200,7 +284,12 @@ pub fn node_status(
     RoceNodeStatus {
         observed_generation: generation,
         fabric_generation: Some(node.spec.fabric_generation),
-        conditions: conditions::merge(previous, &node_conditions(&interfaces), generation, now),
+        conditions: conditions::merge(
+            previous,
+            &node_conditions(&interfaces, node.spec.qos.lossy_soft_roce),
+            generation,
+            now,
+        ),
         interfaces,
         last_sync_time: Some(now.clone()),
     }

@@ -19,6 +19,7 @@ fn files(root: &std::path::Path, netdev: &str, ibdev: &str) -> NetdevFiles {
         Some(RdmaPort {
             device: ibdev.into(),
             port: 1,
+            is_virtual: false,
         }),
     )
 }

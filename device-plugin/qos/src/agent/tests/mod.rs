@@ -501,4 +501,5 @@ async fn the_loop_applies_on_spec_changes_and_resyncs_but_ignores_its_own_status
     );
 }
 
+mod soft_roce;
 mod status;

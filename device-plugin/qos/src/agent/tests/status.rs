@@ -2,7 +2,7 @@
 
 use super::*;
 use rocefabric_api::conditions::Desired as DesiredCondition;
-use rocefabric_api::{Knob, KnobOutcome, KnobStatus};
+use rocefabric_api::{Knob, KnobOutcome, KnobStatus, LossySoftRoce};
 
 #[test]
 fn conditions_name_the_reason() {
@@ -24,38 +24,44 @@ fn conditions_name_the_reason() {
         c.iter().find(|d| d.type_ == t).cloned().expect("condition")
     };
 
-    let none = node_conditions(&[]);
+    let none = node_conditions(&[], LossySoftRoce::Refuse);
     assert_eq!(
         find(&none, condition::QOS_APPLIED).reason,
         reason::NO_INTERFACES
     );
     assert!(find(&none, condition::DEGRADED).status);
 
-    let unsupported = node_conditions(&[iface(
-        "veth0",
-        "ACTIVE",
-        vec![
-            knob(Knob::Pfc, KnobOutcome::Unsupported, Some("EOPNOTSUPP")),
-            knob(Knob::Mtu, KnobOutcome::Applied, None),
-        ],
-    )]);
+    let unsupported = node_conditions(
+        &[iface(
+            "veth0",
+            "ACTIVE",
+            vec![
+                knob(Knob::Pfc, KnobOutcome::Unsupported, Some("EOPNOTSUPP")),
+                knob(Knob::Mtu, KnobOutcome::Applied, None),
+            ],
+        )],
+        LossySoftRoce::Refuse,
+    );
     let q = find(&unsupported, condition::QOS_APPLIED);
     assert_eq!((q.status, q.reason), (false, reason::QOS_UNSUPPORTED));
     assert_eq!(q.message, "1 knob(s) unsupported: veth0 pfc: EOPNOTSUPP");
     assert!(find(&unsupported, condition::DEGRADED).status);
 
-    let failed = node_conditions(&[iface(
-        "eth2",
-        "ACTIVE",
-        vec![
-            knob(Knob::Pfc, KnobOutcome::Unsupported, Some("x")),
-            knob(
-                Knob::Trust,
-                KnobOutcome::Failed,
-                Some("wrote dscp but reads back pcp"),
-            ),
-        ],
-    )]);
+    let failed = node_conditions(
+        &[iface(
+            "eth2",
+            "ACTIVE",
+            vec![
+                knob(Knob::Pfc, KnobOutcome::Unsupported, Some("x")),
+                knob(
+                    Knob::Trust,
+                    KnobOutcome::Failed,
+                    Some("wrote dscp but reads back pcp"),
+                ),
+            ],
+        )],
+        LossySoftRoce::Refuse,
+    );
     assert_eq!(
         find(&failed, condition::QOS_APPLIED).reason,
         reason::QOS_FAILED,
@@ -63,19 +69,22 @@ fn conditions_name_the_reason() {
     );
 
     // Upstream mlx5: no ECN enable files. Lossless holds, so QoS is applied, but degraded.
-    let upstream = node_conditions(&[iface(
-        "enp24s0np0",
-        "ACTIVE",
-        vec![
-            knob(Knob::Pfc, KnobOutcome::AlreadyCorrect, None),
-            knob(Knob::DscpMap, KnobOutcome::Applied, None),
-            knob(
-                Knob::EcnNotificationPoint,
-                KnobOutcome::Unsupported,
-                Some("no ECN enable files"),
-            ),
-        ],
-    )]);
+    let upstream = node_conditions(
+        &[iface(
+            "enp24s0np0",
+            "ACTIVE",
+            vec![
+                knob(Knob::Pfc, KnobOutcome::AlreadyCorrect, None),
+                knob(Knob::DscpMap, KnobOutcome::Applied, None),
+                knob(
+                    Knob::EcnNotificationPoint,
+                    KnobOutcome::Unsupported,
+                    Some("no ECN enable files"),
+                ),
+            ],
+        )],
+        LossySoftRoce::Refuse,
+    );
     let q = find(&upstream, condition::QOS_APPLIED);
     assert_eq!((q.status, q.reason), (true, reason::QOS_APPLIED));
     let d = find(&upstream, condition::DEGRADED);
@@ -83,11 +92,14 @@ fn conditions_name_the_reason() {
     assert!(d.message.contains("ecnNotificationPoint"), "{}", d.message);
     assert!(find(&upstream, condition::READY).status);
 
-    let down = node_conditions(&[iface(
-        "eth2",
-        "DOWN",
-        vec![knob(Knob::Pfc, KnobOutcome::AlreadyCorrect, None)],
-    )]);
+    let down = node_conditions(
+        &[iface(
+            "eth2",
+            "DOWN",
+            vec![knob(Knob::Pfc, KnobOutcome::AlreadyCorrect, None)],
+        )],
+        LossySoftRoce::Refuse,
+    );
     assert!(find(&down, condition::QOS_APPLIED).status);
     let ready = find(&down, condition::READY);
     assert_eq!(
