@@ -222,6 +222,13 @@ impl Dsm {
         &self.directory
     }
 
+    /// Re-read the directory when its file changed (at most once per `refresh`), as every access
+    /// does: call it before resolving `POD+OFFSET` against [`Dsm::directory`], or a replaced pod
+    /// resolves to its old window.
+    pub fn refresh_directory(&mut self) {
+        self.refresh_if_due();
+    }
+
     pub fn stats(&self) -> Stats {
         self.stats
     }

@@ -300,8 +300,14 @@ impl Hca {
         })
     }
 
-    /// A reliable-connected queue pair with its own completion queue, `depth` requests deep.
+    /// A reliable-connected queue pair with its own completion queue, `depth` requests deep. It
+    /// offers the port's active MTU as it is now (the fabric's MTU may have changed since open).
     pub fn queue_pair(&self, depth: u32) -> Result<Qp> {
+        let mtu = self
+            .ctx
+            .query_port(self.port)
+            .map(|a| a.active_mtu())
+            .unwrap_or(self.mtu);
         let cq = self
             .ctx
             .create_cq_builder()
@@ -329,7 +335,7 @@ impl Hca {
             port: self.port,
             gid_index: self.gid_index,
             gid: self.gid,
-            mtu: self.mtu,
+            mtu,
             tc: self.traffic_class,
         })
     }
@@ -391,6 +397,22 @@ const RETRIES: u8 = 7;
 /// Outstanding RDMA reads and atomics per queue pair, each way.
 const READ_ATOMIC_DEPTH: u8 = 8;
 
+/// An MTU in bytes (IBV_MTU_256 is 1, each step doubles).
+fn mtu_bytes(mtu: Mtu) -> u32 {
+    128 << (mtu as u32)
+}
+
+/// The largest verbs MTU not above `bytes` (256 at least).
+fn mtu_of(bytes: u32) -> Mtu {
+    match bytes {
+        4096.. => Mtu::Mtu4096,
+        2048..4096 => Mtu::Mtu2048,
+        1024..2048 => Mtu::Mtu1024,
+        512..1024 => Mtu::Mtu512,
+        _ => Mtu::Mtu256,
+    }
+}
+
 impl Qp {
     /// How a peer reaches this queue pair.
     pub fn address(&self) -> QpAddress {
@@ -398,6 +420,7 @@ impl Qp {
             gid: self.gid,
             qpn: self.qp.qp_number(),
             psn: self.psn,
+            mtu: Some(mtu_bytes(self.mtu)),
         }
     }
 
@@ -424,7 +447,7 @@ impl Qp {
             .setup_grh(&Gid::from(peer.gid), 0, self.gid_index as u8, 64, self.tc);
         let mut attr = QueuePairAttribute::new();
         attr.setup_state(QueuePairState::ReadyToReceive)
-            .setup_path_mtu(self.mtu)
+            .setup_path_mtu(mtu_of(crate::wire::path_mtu(mtu_bytes(self.mtu), peer.mtu)))
             .setup_dest_qp_num(peer.qpn)
             .setup_rq_psn(peer.psn)
             .setup_max_dest_read_atomic(READ_ATOMIC_DEPTH)

@@ -16,12 +16,23 @@ pub const VERSION: u32 = 1;
 pub const MAX_LINE: usize = 4096;
 
 /// How a queue pair is reached over RoCE v2: the port's GID (an IPv4-mapped or IPv6 address),
-/// its queue pair number and first packet sequence number.
+/// its queue pair number and first packet sequence number, and the path MTU (bytes) its side
+/// can use, the port's active MTU when the queue pair was made.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QpAddress {
     pub gid: Ipv6Addr,
     pub qpn: u32,
     pub psn: u32,
+    /// Absent from peers of an older version: they use their own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtu: Option<u32>,
+}
+
+/// The path MTU both ends of a connection use: the smaller of the two sides' (an RC connection
+/// whose ends disagree loses every multi-packet response, e.g. after the fabric's MTU changed
+/// under a long-running owner).
+pub fn path_mtu(own: u32, peer: Option<u32>) -> u32 {
+    peer.map_or(own, |p| own.min(p))
 }
 
 /// Initiator to owner.
@@ -111,8 +122,21 @@ mod tests {
                 gid: "::ffff:10.0.0.1".parse().unwrap(),
                 qpn: 17,
                 psn: 5,
+                mtu: Some(1024),
             },
         }
+    }
+
+    #[test]
+    fn both_ends_use_the_smaller_path_mtu() {
+        assert_eq!(path_mtu(4096, Some(1024)), 1024);
+        assert_eq!(path_mtu(1024, Some(4096)), 1024);
+        assert_eq!(path_mtu(2048, None), 2048, "an older peer: our own");
+        let json = serde_json::to_string(&hello(None).qp).unwrap();
+        assert!(json.contains("\"mtu\":1024"), "{json}");
+        let old: QpAddress =
+            serde_json::from_str(r#"{"gid":"::ffff:10.0.0.1","qpn":1,"psn":2}"#).unwrap();
+        assert_eq!(old.mtu, None);
     }
 
     #[test]

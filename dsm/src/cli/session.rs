@@ -75,6 +75,8 @@ fn arg<'a>(words: &[&'a str], i: usize, name: &str) -> Result<&'a str> {
 }
 
 fn step(dsm: &mut Dsm, w: &[&str]) -> Result<Value> {
+    // POD+OFFSET resolves against the directory as it is now (a pod may have been replaced).
+    dsm.refresh_directory();
     let addr =
         |dsm: &Dsm, i: usize| -> Result<u64> { Ok(address(arg(w, i, "ADDR")?, dsm.directory())?) };
     let num = |i: usize, name: &str| -> Result<u64> { Ok(number(name, arg(w, i, name)?)?) };
