@@ -8,16 +8,24 @@
 # target/cluster/bin and images reach it read-only over 9p; its components log to
 # $LOGS/workers/rfe2e-wI/ over 9p, its console to $LOGS/worker-rfe2e-wI.log.
 #
-# Network, all of it made here and nowhere else: a tap rfe2e-wI on the cluster bridge rfe2e0 per
-# worker, the worker at 10.244.0.(200+I) in the bridge's subnet (the host's pods take .2-.199), its
-# pods in 10.244.I.0/24 on its own bridge inside the VM. Workers route each other's pod subnets
-# directly over the bridge, so pods on different nodes talk with their own addresses, and RoCE v2
-# (UDP 4791) runs between the VMs' rxe0 devices. The host itself gets no route: worker pods reach
-# the control plane masqueraded as their node, and host pods do not reach worker pods. Each worker
-# has a qemu monitor socket ($STATE/workers/rfe2e-wI/monitor.sock): `set_link net0 off` pulls its
-# cable.
+# Network, all of it made here and nowhere else. Each worker has two NICs, as a GPU node has a
+# front-end NIC and RoCE rails:
+# - eth0, the node's NIC: a tap rfe2e-wI on the cluster bridge rfe2e0, the worker at
+#   10.244.0.(200+I) in the bridge's subnet (the host's pods take .2-.199), its pods in
+#   10.244.I.0/24 on its own bridge inside the VM. Workers route each other's pod subnets directly
+#   over the bridge, so pods on different nodes talk with their own addresses. The host itself
+#   gets no route: worker pods reach the control plane masqueraded as their node, and host pods do
+#   not reach worker pods.
+# - eth1, the fabric NIC with Soft-RoCE (rxe0) on it: a tap rfe2e-fI on the fabric bridge rfe2e1,
+#   which has no address on the host, the worker at 10.245.0.(200+I). RoCE v2 (UDP 4791) runs
+#   between the VMs' rxe0 devices there; the fabric's QoS (MTU) is applied to it.
+# Each worker has a qemu monitor socket ($STATE/workers/rfe2e-wI/monitor.sock): `set_link fabric
+# off` pulls the fabric NIC's cable (the node stays reachable over eth0), `set_link fabric on`
+# plugs it back.
 
 WORKER_PREFIX=rfe2e-w
+FABRIC_TAP_PREFIX=rfe2e-f
+FABRIC_BRIDGE=rfe2e1
 WORKER_TAINT=rocefabric.io/vm-worker=true:NoSchedule
 WORKER_LABEL=rocefabric.io/vm-worker=true
 WORKER_MEMORY=${ROCEFABRIC_WORKER_MEMORY:-2048}
@@ -35,6 +43,7 @@ worker_newc() {
 worker_name() { echo "$WORKER_PREFIX$1"; }
 worker_ip() { echo "10.244.0.$((200 + $1))"; }
 worker_pod_cidr() { echo "10.244.$1.0/24"; }
+worker_fabric_ip() { echo "10.245.0.$((200 + $1))"; }
 
 # The accelerator qemu gets: KVM when a VM really boots with it (a nested or paravirtualised
 # /dev/kvm may exist and still hang a guest), else TCG. Probed once per machine boot and cached.
@@ -92,7 +101,8 @@ HOST_SUBNET=10.244.0.0/24
 POD_CIDR=$pod_cidr
 POD_ROUTES="$routes"
 SERVICE_CIDR=$SERVICE_CIDR
-NIC_MTU=1500
+FABRIC_IP=$(worker_fabric_ip "$i")
+FABRIC_MTU=1500
 NODE_LABELS=$WORKER_LABEL
 NODE_TAINTS=$WORKER_TAINT
 EOF
@@ -199,6 +209,15 @@ start_worker() { # INDEX COUNT ACCEL
     ip tuntap add dev "$tap" mode tap
   fi
   ip link set "$tap" master "$BRIDGE" mtu "$WORKER_TAP_MTU" up
+  if ! ip link show "$FABRIC_BRIDGE" >/dev/null 2>&1; then
+    ip link add "$FABRIC_BRIDGE" type bridge
+  fi
+  ip link set "$FABRIC_BRIDGE" up
+  local fabric_tap=$FABRIC_TAP_PREFIX$i
+  if ! ip link show "$fabric_tap" >/dev/null 2>&1; then
+    ip tuntap add dev "$fabric_tap" mode tap
+  fi
+  ip link set "$fabric_tap" master "$FABRIC_BRIDGE" mtu "$WORKER_TAP_MTU" up
   [ "$accel" = kvm ] && cpu=(-cpu host)
   rm -f "$dir/monitor.sock"
   start "worker-$name" qemu-system-x86_64 -name "$name" -accel "$accel" "${cpu[@]}" \
@@ -207,6 +226,8 @@ start_worker() { # INDEX COUNT ACCEL
     -kernel "$VM_OUT/vmlinuz" -initrd "$dir/initrd" -append "console=ttyS0 panic=-1 quiet" \
     -netdev "tap,id=net0,ifname=$tap,script=no,downscript=no" \
     -device "virtio-net-pci,netdev=net0,mac=52:54:00:e2:00:$(printf %02x "$i")" \
+    -netdev "tap,id=fabric,ifname=$fabric_tap,script=no,downscript=no" \
+    -device "virtio-net-pci,netdev=fabric,mac=52:54:00:e2:01:$(printf %02x "$i")" \
     -virtfs "local,path=$BIN,mount_tag=bin,security_model=none,readonly=on" \
     -virtfs "local,path=$STATE/images,mount_tag=images,security_model=none,readonly=on" \
     -virtfs "local,path=$LOGS/workers/$name,mount_tag=logs,security_model=none"
@@ -247,7 +268,9 @@ stop_workers() {
     name=$(basename "$pidfile" .pid)
     stop "$name"
   done
-  for name in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1 | grep "^$WORKER_PREFIX[0-9]*$"); do
+  for name in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1 \
+    | grep -E "^($WORKER_PREFIX|$FABRIC_TAP_PREFIX)[0-9]+$"); do
     ip link del "$name" 2>/dev/null || true
   done
+  if ip link show "$FABRIC_BRIDGE" >/dev/null 2>&1; then ip link del "$FABRIC_BRIDGE" || true; fi
 }

@@ -48,7 +48,12 @@ pub struct LocalCluster {
     pub kubeconfig: PathBuf,
     pub busybox_image: String,
     pub pause_image: String,
+    /// The workload image (`rocefabric-dsm` and rdma-core's user space).
+    pub workload_image: String,
     pub version: String,
+    /// Worker nodes (`up --workers N`): qemu VMs with Soft-RoCE, tainted
+    /// `rocefabric.io/vm-worker=true:NoSchedule`.
+    pub workers: Vec<String>,
 }
 
 impl LocalCluster {
@@ -85,7 +90,17 @@ impl LocalCluster {
             kubeconfig: kubeconfig.to_path_buf(),
             busybox_image: get("BUSYBOX_IMAGE")?,
             pause_image: get("PAUSE_IMAGE")?,
+            workload_image: get("WORKLOAD_IMAGE").unwrap_or_default(),
             version: get("K8S_VERSION")?,
+            workers: vars
+                .get("WORKERS")
+                .map(|v| {
+                    v.trim_matches('"')
+                        .split_whitespace()
+                        .map(str::to_string)
+                        .collect()
+                })
+                .unwrap_or_default(),
         })
     }
 
@@ -105,6 +120,12 @@ impl LocalCluster {
     /// The DRA driver's directory (`dra.sock`, `checkpoint.json`).
     pub fn dra_plugin_dir(&self) -> PathBuf {
         self.kubelet_root.join("plugins/rocefabric.io")
+    }
+
+    /// The qemu monitor socket of a worker VM (`set_link fabric off|on` pulls and plugs its
+    /// fabric NIC's cable).
+    pub fn worker_monitor(&self, worker: &str) -> PathBuf {
+        self.state.join("workers").join(worker).join("monitor.sock")
     }
 
     /// The cluster's `kubectl` with the admin kubeconfig.

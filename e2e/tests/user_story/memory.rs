@@ -1,0 +1,185 @@
+//! Step 3: memory shared across nodes with one-sided RDMA between the workers' rxe devices: 1 MiB
+//! written into a window on the other node, read back, and seen by its owner in its own memory;
+//! `fetch_add` from all four pods adds up exactly; an access outside every window is refused with
+//! the documented message. And the figure of the data plane's read latency against perftest's
+//! `ib_read_lat` between the same two VMs.
+
+use serde_json::Value;
+
+use crate::kube::{APPS, Story, WAIT, eventually};
+
+/// A pod's window from its `rocefabric.io/region` annotation: (id, base, size, uid).
+pub fn window(story: &Story, pod: &str) -> (u64, u64, u64, String) {
+    let object = story.get_json(&["get", "pod", "-n", APPS, pod]);
+    let text = object["metadata"]["annotations"]["rocefabric.io/region"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{pod} has no window"));
+    let w: Value = serde_json::from_str(text).expect("the region annotation is JSON");
+    let n = |k: &str| {
+        w[k].as_u64()
+            .unwrap_or_else(|| panic!("{pod}'s window has no {k}: {w}"))
+    };
+    (
+        n("id"),
+        n("base"),
+        n("size"),
+        w["uid"].as_str().unwrap_or_default().to_string(),
+    )
+}
+
+/// The answer succeeded; its JSON otherwise.
+pub fn ok(answer: &Value, what: &str) {
+    assert_eq!(answer["ok"], true, "{what}: {answer}");
+}
+
+const MIB: u64 = 1 << 20;
+
+/// Wait until the directory mounted in `pod` names every one of `peers` with its pod IP (the
+/// operator writes the IP once the pod runs; the kubelet syncs ConfigMap volumes within about a
+/// minute).
+pub fn directory_lists(story: &Story, pod: &str, peers: &[&str]) {
+    eventually(
+        &format!("{pod}'s mounted directory lists {peers:?} with pod IPs"),
+        WAIT,
+        || {
+            let text = story
+                .exec(pod, "cat /etc/rocefabric/directory/regions.json")
+                .ok()?;
+            let entries: Vec<Value> = serde_json::from_str(&text).ok()?;
+            peers
+                .iter()
+                .all(|p| {
+                    entries.iter().any(|e| {
+                        e["pod"] == *p && e["podIP"].as_str().is_some_and(|ip| !ip.is_empty())
+                    })
+                })
+                .then_some(())
+        },
+    );
+}
+
+pub fn share_memory(story: &mut Story) {
+    let all = ["a1", "a2", "b1", "b2"];
+    for pod in all {
+        directory_lists(story, pod, &all);
+    }
+    // Every pod can reach every window before the checks (rendezvous over the pod network).
+    for pod in ["a1", "a2", "b1", "b2"] {
+        for peer in ["a1", "a2", "b1", "b2"] {
+            if pod != peer {
+                let answer = story.session(pod, &format!("reach {peer}+0 60000"));
+                ok(&answer, &format!("{pod} reaches {peer}"));
+            }
+        }
+    }
+    // 1 MiB from a pod on one worker into a window on the other.
+    let write = story.session("a1", &format!("write b1+0 {MIB} 7"));
+    ok(&write, "a1 writes 1 MiB into b1's window");
+    let read = story.session("a1", &format!("read b1+0 {MIB} 7"));
+    ok(&read, "a1 reads it back");
+    assert_eq!(read["match"], true, "a1 reads back what it wrote: {read}");
+    let local = story.session("b1", &format!("check-local 0 {MIB} 7"));
+    ok(&local, "b1 checks its own memory");
+    assert_eq!(
+        local["match"], true,
+        "b1 sees the bytes in its own memory (CPU, no RDMA): {local}"
+    );
+
+    // fetch_add from all four pods at once, on a word of b2's window.
+    ok(
+        &story.session("a1", "write-word b2+64 0"),
+        "a1 zeroes the counter",
+    );
+    let (rounds, per) = (25u64, 1u64);
+    let sent: Vec<(&str, u64)> = ["a1", "a2", "b1", "b2"]
+        .into_iter()
+        .map(|pod| (pod, story.send(pod, &format!("add b2+64 {per} {rounds}"))))
+        .collect();
+    for (pod, n) in sent {
+        ok(&story.answer(pod, n), &format!("{pod}'s fetch_add"));
+    }
+    let total = story.session("a2", "read-word b2+64");
+    ok(&total, "a2 reads the counter");
+    assert_eq!(
+        total["value"],
+        4 * rounds * per,
+        "no update is lost: {total}"
+    );
+
+    // Outside every window: refused before anything is posted, with the owner named.
+    let (_, base, size, _) = window(story, "b1");
+    let out = story.session("a1", &format!("read b1+{} 8", size - 4));
+    assert_eq!(
+        out["ok"], false,
+        "an access past b1's window is refused: {out}"
+    );
+    let expected = format!(
+        "address {:#x} (+8 bytes): out of window: pod b1 holds [{base:#x}, {:#x})",
+        base + size - 4,
+        base + size
+    );
+    assert_eq!(out["error"], expected.as_str(), "the documented message");
+}
+
+/// `rocefabric-dsm probe` from a1 to b1 against `ib_read_lat` between the same pods (so the same
+/// VMs, rxe devices and GIDs).
+pub fn latency_figure(story: &mut Story) {
+    let probe = story
+        .exec("a1", "rocefabric-dsm probe --peers b1 --output json")
+        .unwrap_or_else(|e| panic!("probe: {e}"));
+    let rows: Value =
+        serde_json::from_str(&probe).unwrap_or_else(|e| panic!("probe json: {e}: {probe}"));
+    let dsm = rows[0]["readP50Us"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no readP50Us: {probe}"));
+    let b1_ip = story.kubectl(&[
+        "get",
+        "pod",
+        "-n",
+        APPS,
+        "b1",
+        "-o",
+        "jsonpath={.status.podIP}",
+    ]);
+    let mut perftest = None;
+    for _ in 0..3 {
+        story
+            .exec("b1", "timeout 90 ib_read_lat -d rxe0 -x $NCCL_IB_GID_INDEX -F -n 200 >/tmp/lat.log 2>&1 &")
+            .expect("start ib_read_lat's server in b1");
+        std::thread::sleep(std::time::Duration::from_secs(2));
+        let out = story
+            .exec(
+                "a1",
+                &format!(
+                    "timeout 90 ib_read_lat -d rxe0 -x $NCCL_IB_GID_INDEX -F -n 200 {}",
+                    b1_ip.trim()
+                ),
+            )
+            .unwrap_or_default();
+        // perftest sometimes fails its clock calibration under emulation and prints `inf`.
+        perftest = typical_us(&out).filter(|v| v.is_finite());
+        if perftest.is_some() {
+            break;
+        }
+    }
+    match perftest {
+        Some(ib) => story.figure(format!(
+            "cross-node read p50: rocefabric-dsm probe {dsm:.1} us, ib_read_lat t_typical {ib:.1} us, ratio {:.2}",
+            dsm / ib
+        )),
+        None => story.figure(format!(
+            "cross-node read p50: rocefabric-dsm probe {dsm:.1} us; ib_read_lat gave no figure in 3 tries"
+        )),
+    }
+}
+
+/// perftest's `t_typical[usec]` from its result table.
+fn typical_us(out: &str) -> Option<f64> {
+    let mut lines = out.lines().skip_while(|l| !l.contains("t_typical"));
+    let header: Vec<&str> = lines.next()?.split_whitespace().collect();
+    let col = header.iter().position(|h| h.starts_with("t_typical"))?;
+    let row = lines.find(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()))?;
+    // Header words and row fields line up except "99% percentile" and "99.9% percentile",
+    // which come after t_typical.
+    row.split_whitespace().nth(col)?.parse().ok()
+}
