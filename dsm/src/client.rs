@@ -16,7 +16,8 @@ use crate::directory::Directory;
 use crate::endpoint::{Endpoint, Exposed};
 use crate::error::{DsmError, Result};
 use crate::memory::{self, Backing};
-use crate::verbs::{Hca, Mapping, Op, Qp, Registered, Work};
+use crate::transport::{Op, Work};
+use crate::verbs::{Hca, Mapping, Qp, Registered};
 use crate::wire::{self, Hello, Offer, Reply};
 
 /// Everything a pod already has, gathered by [`crate::config`] from its files and environment.
@@ -410,12 +411,19 @@ impl Dsm {
                     .conns
                     .get_mut(pod)
                     .unwrap_or_else(|| unreachable!("connected above"));
-                match conn.qp.post(&self.staging, ws) {
-                    Ok(()) => {
-                        self.stats.posted += ws.len() as u64;
-                        posted.push((pod.clone(), ws.len(), ws[0].id));
+                let accepted = match conn.qp.post(&self.staging, ws) {
+                    Ok(()) => ws.len(),
+                    Err(e) => {
+                        let refused = ws[e.accepted.min(ws.len() - 1)].id;
+                        failure =
+                            Some((pod.clone(), refused, format!("post failed: {}", e.reason)));
+                        e.accepted
                     }
-                    Err(e) => failure = Some((pod.clone(), ws[0].id, format!("post failed: {e}"))),
+                };
+                // Only what the HCA took counts, and is waited for before staging is reused.
+                self.stats.posted += accepted as u64;
+                if accepted > 0 {
+                    posted.push((pod.clone(), accepted, ws[0].id));
                 }
             }
             for (pod, n, first) in posted {
