@@ -343,7 +343,8 @@ fn open_device(verbs: &'static Verbs, name: &str) -> Result<Context> {
     let list = unsafe { (verbs.get_device_list)(&mut n) };
     if list.is_null() {
         let e = std::io::Error::last_os_error();
-        return Err(verbs_err(name, "listing RDMA devices", e));
+        let what = "listing RDMA devices (is there a /sys/class/infiniband?)";
+        return Err(verbs_err(name, what, e));
     }
     let mut names = Vec::new();
     let mut opened = None;
@@ -681,18 +682,5 @@ mod tests {
             Err(e) if e.starts_with("cannot load") => eprintln!("skipped: {e}"),
             Err(e) => panic!("{e}"),
         }
-    }
-
-    #[test]
-    fn an_unknown_device_is_refused_with_the_devices_there_are() {
-        let Ok(verbs) = verbs() else { return };
-        let Err(e) = open_device(verbs, "no-such-hca0") else {
-            panic!("opened a device that does not exist");
-        };
-        let e = e.to_string();
-        assert!(
-            e.contains("no such RDMA device") || e.contains("listing RDMA devices"),
-            "{e}"
-        );
     }
 }
