@@ -1,7 +1,7 @@
 //! The data plane's only module with `unsafe`: the window's memory mapping, and the verbs calls
 //! that hand raw addresses to the HCA, made through function pointers into `libibverbs.so.1`,
-//! which is loaded at run time (so the build needs no rdma-core, C compiler or headers; see
-//! [`crate::ibv`] for the ABI). Everything above it works with offsets, lengths and keys; every
+//! which is loaded at run time (so the build needs no rdma-core headers, bindgen or cmake; the
+//! module `ibv` declares the ABI). Everything above it works with offsets, lengths and keys; every
 //! `unsafe` block below says why it holds.
 #![allow(unsafe_code)]
 
