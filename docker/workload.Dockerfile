@@ -9,8 +9,8 @@ ARG RUST_VERSION=1.95
 
 FROM docker.io/library/rust:${RUST_VERSION}-bookworm AS build
 WORKDIR /src
-# bindgen (libclang) and cmake build the verbs binding's loader (sideway / rdma-mummy-sys).
-RUN apt-get update && apt-get install -y --no-install-recommends libclang-dev cmake && rm -rf /var/lib/apt/lists/*
+# Nothing beyond the Rust image: the verbs binding needs no headers or cmake, since libibverbs is
+# loaded when the binary runs (the runtime stage installs it).
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \

@@ -10,7 +10,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rocefabric_dsm::verbs::{Hca, Mapping, Op, Work};
+use rocefabric_dsm::transport::{Op, Work};
+use rocefabric_dsm::verbs::{Hca, Mapping};
 use rocefabric_dsm::{Access, Config, Dsm};
 
 const N: usize = 2000;

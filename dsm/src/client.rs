@@ -3,7 +3,7 @@
 //! RDMA, over a cached queue pair per owner.
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -13,10 +13,11 @@ use rocefabric_formats::directory::DirectoryEntry;
 use rocefabric_formats::region::RegionAssignment;
 
 use crate::directory::Directory;
-use crate::endpoint::{Endpoint, Exposed};
+use crate::endpoint::{self, Endpoint, Exposed};
 use crate::error::{DsmError, Result};
 use crate::memory::{self, Backing};
-use crate::verbs::{Hca, Mapping, Op, Qp, Registered, Work};
+use crate::transport::{Op, Work};
+use crate::verbs::{Hca, Mapping, Qp, Registered};
 use crate::wire::{self, Hello, Offer, Reply};
 
 /// Everything a pod already has, gathered by [`crate::config`] from its files and environment.
@@ -110,6 +111,8 @@ const STAGING: usize = 4 << 20;
 const CHUNK: u64 = 1 << 20;
 /// Requests in flight per queue pair per round.
 const DEPTH: usize = 64;
+/// How long the owner has to answer a hello, in all.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a round waits for its completions (retry exhaustion reports well within it).
 const COMPLETION_TIMEOUT: Duration = Duration::from_secs(15);
 
@@ -344,8 +347,8 @@ impl Dsm {
             }
             owners.push(e);
         }
-        for e in &owners {
-            self.connect(e)?;
+        for (a, e) in accesses.iter().zip(&owners) {
+            self.connect(e, a.addr())?;
         }
         // Pieces: (access index, offset in access, len, owner pod).
         let mut pieces = Vec::new();
@@ -417,12 +420,19 @@ impl Dsm {
                     .conns
                     .get_mut(pod)
                     .unwrap_or_else(|| unreachable!("connected above"));
-                match conn.qp.post(&self.staging, ws) {
-                    Ok(()) => {
-                        self.stats.posted += ws.len() as u64;
-                        posted.push((pod.clone(), ws.len(), ws[0].id));
+                let accepted = match conn.qp.post(&self.staging, ws) {
+                    Ok(()) => ws.len(),
+                    Err(e) => {
+                        let refused = ws[e.accepted.min(ws.len() - 1)].id;
+                        failure =
+                            Some((pod.clone(), refused, format!("post failed: {}", e.reason)));
+                        e.accepted
                     }
-                    Err(e) => failure = Some((pod.clone(), ws[0].id, format!("post failed: {e}"))),
+                };
+                // Only what the HCA took counts, and is waited for before staging is reused.
+                self.stats.posted += accepted as u64;
+                if accepted > 0 {
+                    posted.push((pod.clone(), accepted, ws[0].id));
                 }
             }
             for (pod, n, first) in posted {
@@ -472,8 +482,9 @@ impl Dsm {
     }
 
     /// Ensure a live connection to the owner `e`, checking its uid against the directory: a cached
-    /// connection to another pod instance is dropped, never used.
-    fn connect(&mut self, e: &DirectoryEntry) -> Result<()> {
+    /// connection to another pod instance is dropped, never used. `addr` is the address accessed,
+    /// which any error names.
+    fn connect(&mut self, e: &DirectoryEntry, addr: u64) -> Result<()> {
         if let Some(c) = self.conns.get(&e.pod) {
             if e.uid.as_ref().is_none_or(|u| *u == c.offer.uid)
                 && c.offer.base == e.base
@@ -488,9 +499,14 @@ impl Dsm {
             self.stats.reconnects += 1;
         }
         let gone = |reason: String| DsmError::OwnerGone {
-            addr: e.base,
+            addr,
             owner: e.pod.clone(),
             reason,
+        };
+        let local = |source: DsmError| DsmError::Connect {
+            addr,
+            owner: e.pod.clone(),
+            source: Box::new(source),
         };
         let target = if e.pod == self.cfg.pod {
             SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), self.rendezvous_port())
@@ -503,7 +519,7 @@ impl Dsm {
                 .map_err(|x| gone(format!("pod IP in the directory: {x}")))?;
             SocketAddr::new(ip, self.rendezvous_port())
         };
-        let mut qp = self.hca.queue_pair(DEPTH as u32 * 2)?;
+        let mut qp = self.hca.queue_pair(DEPTH as u32 * 2).map_err(local)?;
         let hello = Hello {
             version: wire::VERSION,
             fabric: self.cfg.window.fabric.clone(),
@@ -513,18 +529,14 @@ impl Dsm {
             to_uid: e.uid.clone(),
             qp: qp.address(),
         };
-        let mut stream = TcpStream::connect_timeout(&target, Duration::from_secs(5))
+        let stream = TcpStream::connect_timeout(&target, Duration::from_secs(5))
             .map_err(|x| gone(format!("rendezvous at {target}: {x}")))?;
         let _ = stream.set_nodelay(true);
-        stream
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .map_err(|x| gone(x.to_string()))?;
-        stream
+        (&stream)
             .write_all(&wire::encode(&hello))
             .map_err(|x| gone(format!("rendezvous at {target}: {x}")))?;
-        let mut line = String::new();
-        BufReader::new((&stream).take(wire::MAX_LINE as u64))
-            .read_line(&mut line)
+        let deadline = Instant::now() + ANSWER_TIMEOUT;
+        let line = endpoint::read_line_by(&stream, deadline, wire::MAX_LINE)
             .map_err(|x| gone(format!("rendezvous at {target}: {x}")))?;
         let offer = match serde_json::from_str::<Reply>(&line) {
             Ok(Reply::Accept(o)) => o,
@@ -542,7 +554,7 @@ impl Dsm {
                 offer.base, offer.size, e.base, e.size
             )));
         }
-        qp.connect(offer.qp)?;
+        qp.connect(offer.qp).map_err(local)?;
         tracing::debug!(pod = %e.pod, uid = %offer.uid, qpn = offer.qp.qpn, "connected");
         self.stats.connects += 1;
         self.conns.insert(e.pod.clone(), Conn { offer, qp, stream });

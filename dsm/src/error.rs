@@ -32,6 +32,13 @@ pub enum DsmError {
         owner: String,
         reason: String,
     },
+    /// This side could not connect a queue pair to the owner (its HCA refused a step).
+    #[error("address {addr:#x}: cannot connect to owner {owner}: {source}")]
+    Connect {
+        addr: u64,
+        owner: String,
+        source: Box<DsmError>,
+    },
     /// The RDMA transport gave up on a posted request (the connection is dropped).
     #[error("address {addr:#x}: transport to owner {owner} failed: {status}")]
     Transport {

@@ -14,8 +14,10 @@
 //!
 //! Rooms: [`directory`] (who holds which window; the bounds check), [`wire`] (the rendezvous
 //! protocol), [`memory`] (hugepages or anonymous, limits), [`config`] (the pod's inputs) are pure;
-//! [`verbs`] is the only module with `unsafe` (the mapping and verbs); [`endpoint`] serves this
-//! pod's window; [`client`] is [`Dsm`].
+//! so are [`transport`] (the work requests and queue pair transitions, as rdma-core's structs) and
+//! `ibv` (libibverbs' ABI, declared); [`verbs`] is the only module with `unsafe` (the mapping, and
+//! the calls into libibverbs, loaded at run time); [`endpoint`] serves this pod's window;
+//! [`client`] is [`Dsm`].
 //!
 //! # Memory model
 //!
@@ -48,7 +50,9 @@ pub mod config;
 pub mod directory;
 pub mod endpoint;
 pub mod error;
+mod ibv;
 pub mod memory;
+pub mod transport;
 pub mod verbs;
 pub mod wire;
 

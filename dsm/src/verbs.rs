@@ -1,32 +1,23 @@
-//! The data plane's only module with `unsafe`: the window's memory mapping and the verbs calls (through
-//! `sideway`) that hand raw addresses to the HCA. Everything above it works with offsets, lengths
-//! and keys; every `unsafe` block below says why it holds.
+//! The data plane's only module with `unsafe`: the window's memory mapping, and the verbs calls
+//! that hand raw addresses to the HCA, made through function pointers into `libibverbs.so.1`,
+//! which is loaded at run time (so the build needs no rdma-core headers, bindgen or cmake; the
+//! module `ibv` declares the ABI). Everything above it works with offsets, lengths and keys; every
+//! `unsafe` block below says why it holds.
 #![allow(unsafe_code)]
 
+use std::ffi::{CStr, c_int};
 use std::fs::File;
 use std::net::Ipv6Addr;
 use std::os::fd::AsRawFd;
 use std::path::Path;
-use std::ptr::NonNull;
-use std::sync::Arc;
+use std::ptr::{NonNull, null_mut};
 use std::sync::atomic::{AtomicU64, Ordering, fence};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use sideway::ibverbs::AccessFlags;
-use sideway::ibverbs::address::{AddressHandleAttribute, Gid};
-use sideway::ibverbs::completion::{
-    BasicCompletionQueue, GenericCompletionQueue, WorkCompletionStatus,
-};
-use sideway::ibverbs::device::{DeviceInfo, DeviceList};
-use sideway::ibverbs::device_context::{DeviceContext, Mtu};
-use sideway::ibverbs::memory_region::MemoryRegion;
-use sideway::ibverbs::protection_domain::ProtectionDomain;
-use sideway::ibverbs::queue_pair::{
-    BasicQueuePair, PostSendGuard, QueuePair, QueuePairAttribute, QueuePairState,
-    SetScatterGatherEntry, WorkRequestFlags,
-};
-
 use crate::error::{DsmError, Result};
+use crate::ibv;
+use crate::transport::{self, Local, PostError, Work};
 use crate::wire::QpAddress;
 
 /// `RLIMIT_MEMLOCK` in bytes, `None` when unlimited.
@@ -197,16 +188,133 @@ impl Drop for Mapping {
     }
 }
 
-/// An opened HCA port with its protection domain: the granted device, port and GID index.
+/// Declares `Verbs`, libibverbs' entry points resolved once per process, and their resolution.
+/// The library stays loaded for the life of the process (it lives in a static), so the pointers
+/// never dangle.
+macro_rules! entry_points {
+    ($($field:ident: $prototype:ident = $symbol:literal,)*) => {
+        struct Verbs {
+            $($field: ibv::$prototype,)*
+            _library: libloading::Library,
+        }
+
+        impl Verbs {
+            fn resolve(lib: libloading::Library) -> Result<Verbs, String> {
+                $(
+                    // SAFETY: the type is the prototype verbs.h declares for the symbol (see
+                    // `ibv`); dlsym finds its default version, IBVERBS_1.1. The pointer is copied
+                    // out and stays valid while the library is loaded.
+                    let $field = *unsafe { lib.get::<ibv::$prototype>($symbol.as_bytes()) }
+                        .map_err(|e| format!("{}: {e}", $symbol))?;
+                )*
+                Ok(Verbs { $($field,)* _library: lib })
+            }
+        }
+    };
+}
+
+entry_points! {
+    get_device_list: GetDeviceList = "ibv_get_device_list",
+    free_device_list: FreeDeviceList = "ibv_free_device_list",
+    get_device_name: GetDeviceName = "ibv_get_device_name",
+    open_device: OpenDevice = "ibv_open_device",
+    close_device: CloseDevice = "ibv_close_device",
+    query_port: QueryPort = "ibv_query_port",
+    query_gid: QueryGid = "ibv_query_gid",
+    alloc_pd: AllocPd = "ibv_alloc_pd",
+    dealloc_pd: DeallocPd = "ibv_dealloc_pd",
+    reg_mr: RegMr = "ibv_reg_mr",
+    dereg_mr: DeregMr = "ibv_dereg_mr",
+    create_cq: CreateCq = "ibv_create_cq",
+    destroy_cq: DestroyCq = "ibv_destroy_cq",
+    create_qp: CreateQp = "ibv_create_qp",
+    modify_qp: ModifyQp = "ibv_modify_qp",
+    destroy_qp: DestroyQp = "ibv_destroy_qp",
+}
+
+impl Verbs {
+    /// Load `soname` and resolve every entry point, or say why not.
+    fn load(soname: &str) -> Result<Verbs, String> {
+        // SAFETY: loading runs libibverbs' initialisers, which set up only its own state; it reads
+        // its provider configuration lazily, at the first `ibv_get_device_list`.
+        let lib = unsafe { libloading::Library::new(soname) }.map_err(|e| {
+            format!(
+                "cannot load {soname} (rdma-core's user space: install libibverbs1 and \
+                 ibverbs-providers, or rdma-core): {e}"
+            )
+        })?;
+        Verbs::resolve(lib)
+    }
+}
+
+/// The process's libibverbs, loaded at the first use.
+fn verbs() -> Result<&'static Verbs, String> {
+    static VERBS: OnceLock<Result<Verbs, String>> = OnceLock::new();
+    VERBS
+        .get_or_init(|| Verbs::load(ibv::LIBRARY))
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+/// What a verbs call that returns a new object gave: the object, or the errno it set.
+fn created<T>(ptr: *mut T, device: &str, what: &'static str) -> Result<NonNull<T>> {
+    NonNull::new(ptr).ok_or_else(|| verbs_err(device, what, std::io::Error::last_os_error()))
+}
+
+/// A verbs call's failure: `rc` is the errno value the call returned (or -1: see errno).
+fn rc_error(rc: c_int) -> std::io::Error {
+    if rc > 0 {
+        std::io::Error::from_raw_os_error(rc)
+    } else {
+        std::io::Error::last_os_error()
+    }
+}
+
+/// A libibverbs object this process made, released with `release` when dropped; `made_from`
+/// (what it was made from: a PD's context, an MR's PD, ...) outlives it, since fields drop after
+/// `drop` runs.
+struct Handle<T, P> {
+    ptr: NonNull<T>,
+    release: unsafe extern "C" fn(*mut T) -> c_int,
+    made_from: P,
+}
+
+// SAFETY: libibverbs objects may be used from any thread (rdma-core's verbs are thread safe); the
+// pointer is only handed to libibverbs.
+unsafe impl<T, P: Send> Send for Handle<T, P> {}
+// SAFETY: as above.
+unsafe impl<T, P: Sync> Sync for Handle<T, P> {}
+
+impl<T, P> Drop for Handle<T, P> {
+    fn drop(&mut self) {
+        // SAFETY: the object this value made, released once, before what it was made from.
+        unsafe { (self.release)(self.ptr.as_ptr()) };
+    }
+}
+
+/// An open device's provider: libibverbs' entry points and the provider's post and poll
+/// (`ibv_post_send` and `ibv_poll_cq` are inline in verbs.h: calls through the context's ops).
+struct Provider {
+    verbs: &'static Verbs,
+    post_send: ibv::PostSend,
+    poll_cq: ibv::PollCq,
+}
+
+type Context = Handle<ibv::Context, Provider>;
+type Pd = Handle<ibv::Pd, Arc<Context>>;
+type Mr = Handle<ibv::Mr, Arc<Pd>>;
+type Cq = Handle<ibv::Cq, Arc<Context>>;
+
+/// An open HCA port with its protection domain: the granted device, port and GID index.
 pub struct Hca {
     pub name: String,
     pub port: u8,
     pub gid_index: u32,
     pub gid: Ipv6Addr,
     pub traffic_class: u8,
-    mtu: Mtu,
-    ctx: Arc<DeviceContext>,
-    pd: Arc<ProtectionDomain>,
+    sgid_index: u8,
+    mtu: u32,
+    pd: Arc<Pd>,
 }
 
 impl std::fmt::Debug for Hca {
@@ -227,75 +335,154 @@ fn verbs_err(device: &str, what: &'static str, e: impl std::fmt::Display) -> Dsm
     }
 }
 
+/// Open the device called `name`, or say which devices there are.
+fn open_device(verbs: &'static Verbs, name: &str) -> Result<Context> {
+    let mut n: c_int = 0;
+    // SAFETY: writes the count into `n`; the list is freed below, after the device is opened
+    // (an open context keeps its device).
+    let list = unsafe { (verbs.get_device_list)(&mut n) };
+    if list.is_null() {
+        let e = std::io::Error::last_os_error();
+        let what = "listing RDMA devices (is there a /sys/class/infiniband?)";
+        return Err(verbs_err(name, what, e));
+    }
+    let mut names = Vec::new();
+    let mut opened = None;
+    for i in 0..usize::try_from(n).unwrap_or(0) {
+        // SAFETY: the list holds `n` device pointers, each with a NUL-terminated name that lives
+        // as long as the list.
+        let (device, found) = unsafe {
+            let device = *list.add(i);
+            let found = CStr::from_ptr((verbs.get_device_name)(device));
+            (device, found.to_string_lossy().into_owned())
+        };
+        if found == name && opened.is_none() {
+            // SAFETY: a device of the live list.
+            let ctx = unsafe { (verbs.open_device)(device) };
+            opened = Some(NonNull::new(ctx).ok_or_else(std::io::Error::last_os_error));
+        }
+        names.push(found);
+    }
+    // SAFETY: the list from ibv_get_device_list above, freed once.
+    unsafe { (verbs.free_device_list)(list) };
+    match opened {
+        Some(Ok(ptr)) => {
+            // SAFETY: a live context; its ops are the provider's, fixed while it is open.
+            let ops = unsafe { &(*ptr.as_ptr()).ops };
+            let (Some(post_send), Some(poll_cq)) = (ops.post_send, ops.poll_cq) else {
+                // SAFETY: the context opened above, closed once (no `Context` owns it).
+                unsafe { (verbs.close_device)(ptr.as_ptr()) };
+                return Err(verbs_err(
+                    name,
+                    "opening",
+                    "its provider cannot post or poll",
+                ));
+            };
+            let provider = Provider {
+                verbs,
+                post_send,
+                poll_cq,
+            };
+            Ok(Context {
+                ptr,
+                release: verbs.close_device,
+                made_from: provider,
+            })
+        }
+        Some(Err(e)) => Err(verbs_err(name, "opening", e)),
+        None => Err(DsmError::input(
+            "HCA",
+            name,
+            format!("no such RDMA device (this container sees {names:?})"),
+        )),
+    }
+}
+
 impl Hca {
     /// Open `name`, port `port`, sending from GID `gid_index` with traffic class `tc`.
     pub fn open(name: &str, port: u8, gid_index: u32, traffic_class: u8) -> Result<Hca> {
-        let list = DeviceList::new().map_err(|e| {
-            verbs_err(
-                name,
-                "listing devices (is rdma-core's libibverbs.so.1 installed?)",
-                e,
-            )
-        })?;
-        let names: Vec<String> = list.iter().map(|d| d.name()).collect();
-        let device = list.iter().find(|d| d.name() == name).ok_or_else(|| {
-            DsmError::input(
-                "HCA",
-                name,
-                format!("no such RDMA device (this container sees {names:?})"),
-            )
-        })?;
-        let ctx = device.open().map_err(|e| verbs_err(name, "opening", e))?;
-        let attr = ctx
-            .query_port(port)
-            .map_err(|e| verbs_err(name, "querying the port", e))?;
-        let gid = ctx
-            .query_gid(port, gid_index)
-            .map_err(|e| verbs_err(name, "reading the GID", e))?;
-        if gid.is_zero() {
+        let verbs = verbs().map_err(|e| verbs_err(name, "loading libibverbs", e))?;
+        let ctx = Arc::new(open_device(verbs, name)?);
+        let mut attr = ibv::PortAttr::default();
+        // SAFETY: fills at most a `struct ibv_port_attr`, which `attr` is.
+        let rc = unsafe { (verbs.query_port)(ctx.ptr.as_ptr(), port, &mut attr) };
+        if rc != 0 {
+            return Err(verbs_err(name, "querying the port", rc_error(rc)));
+        }
+        let sgid_index = u8::try_from(gid_index)
+            .map_err(|_| DsmError::input("GID index", gid_index.to_string(), "above 255"))?;
+        let mut gid = ibv::Gid::default();
+        // SAFETY: fills the 16-byte GID.
+        let rc = unsafe { (verbs.query_gid)(ctx.ptr.as_ptr(), port, sgid_index.into(), &mut gid) };
+        if rc != 0 {
+            return Err(verbs_err(name, "reading the GID", rc_error(rc)));
+        }
+        if gid.raw == [0; 16] {
             return Err(DsmError::input(
                 "GID index",
                 gid_index.to_string(),
                 format!("GID {gid_index} of {name} port {port} is empty"),
             ));
         }
-        let pd = ctx
-            .alloc_pd()
-            .map_err(|e| verbs_err(name, "allocating a protection domain", e))?;
+        // SAFETY: a live context.
+        let pd = unsafe { (verbs.alloc_pd)(ctx.ptr.as_ptr()) };
+        let pd = created(pd, name, "allocating a protection domain")?;
         Ok(Hca {
             name: name.to_string(),
             port,
             gid_index,
-            gid: Ipv6Addr::from(gid),
+            gid: Ipv6Addr::from(gid.raw),
             traffic_class,
-            mtu: attr.active_mtu(),
-            ctx,
-            pd,
+            sgid_index,
+            mtu: attr.active_mtu,
+            pd: Arc::new(Pd {
+                ptr: pd,
+                release: verbs.dealloc_pd,
+                made_from: ctx,
+            }),
         })
     }
 
-    /// Register `[offset, offset + len)` of `mapping`; `remote` grants peers read, write and
-    /// atomics on it (the exposed window), otherwise only the local HCA writes it (staging).
+    fn verbs(&self) -> &'static Verbs {
+        self.pd.made_from.made_from.verbs
+    }
+
+    /// Register the whole of `mapping`; `remote` grants peers read, write and atomics on it (the
+    /// exposed window), otherwise only the local HCA writes it (staging).
     pub fn register(&self, mapping: &Arc<Mapping>, remote: bool) -> Result<Registered> {
-        let mut access = AccessFlags::LocalWrite;
+        let mut access = ibv::ACCESS_LOCAL_WRITE;
         if remote {
-            access = access
-                | AccessFlags::RemoteWrite
-                | AccessFlags::RemoteRead
-                | AccessFlags::RemoteAtomic;
+            access |=
+                ibv::ACCESS_REMOTE_WRITE | ibv::ACCESS_REMOTE_READ | ibv::ACCESS_REMOTE_ATOMIC;
         }
-        // SAFETY: the range is the whole live mapping; `Registered` keeps an Arc of the mapping, so
-        // the memory outlives the registration (the MR is dropped first, see field order).
+        // SAFETY: the range is the whole live mapping; `Registered` keeps an Arc of the mapping,
+        // so the memory outlives the registration (the MR is dropped first, see field order).
         let mr = unsafe {
-            self.pd
-                .reg_mr(mapping.addr() as usize, mapping.len(), access)
-        }
-        .map_err(|e| DsmError::Memory {
+            (self.verbs().reg_mr)(
+                self.pd.ptr.as_ptr(),
+                mapping.ptr.as_ptr().cast(),
+                mapping.len(),
+                access,
+            )
+        };
+        let mr = NonNull::new(mr).ok_or_else(|| DsmError::Memory {
             size: mapping.len() as u64,
-            reason: format!("registering with {}: {e}", self.name),
+            reason: format!(
+                "registering with {}: {}",
+                self.name,
+                std::io::Error::last_os_error()
+            ),
         })?;
+        // SAFETY: a live MR; its keys never change.
+        let (lkey, rkey) = unsafe { ((*mr.as_ptr()).lkey, (*mr.as_ptr()).rkey) };
         Ok(Registered {
-            mr,
+            _mr: Mr {
+                ptr: mr,
+                release: self.verbs().dereg_mr,
+                made_from: Arc::clone(&self.pd),
+            },
+            lkey,
+            rkey,
             mapping: Arc::clone(mapping),
         })
     }
@@ -303,37 +490,41 @@ impl Hca {
     /// A reliable-connected queue pair with its own completion queue, `depth` requests deep. It
     /// offers the port's active MTU as it is now (the fabric's MTU may have changed since open).
     pub fn queue_pair(&self, depth: u32) -> Result<Qp> {
-        let mtu = self
-            .ctx
-            .query_port(self.port)
-            .map(|a| a.active_mtu())
-            .unwrap_or(self.mtu);
-        let cq = self
-            .ctx
-            .create_cq_builder()
-            .setup_cqe(depth)
-            .build()
-            .map_err(|e| verbs_err(&self.name, "creating a completion queue", e))?;
-        let generic = GenericCompletionQueue::from(Arc::clone(&cq));
-        let qp = self
-            .pd
-            .create_qp_builder()
-            .setup_send_cq(generic.clone())
-            .setup_recv_cq(generic)
-            .setup_max_send_wr(depth)
-            .setup_max_recv_wr(1)
-            .setup_max_send_sge(1)
-            .setup_max_recv_sge(1)
-            .build()
-            .map_err(|e| verbs_err(&self.name, "creating a queue pair", e))?;
-        let psn = (std::process::id() ^ qp.qp_number().rotate_left(8)) & 0x00ff_ffff;
+        let verbs = self.verbs();
+        let ctx = self.pd.made_from.ptr.as_ptr();
+        let mut attr = ibv::PortAttr::default();
+        // SAFETY: fills at most a `struct ibv_port_attr`, which `attr` is.
+        let mtu = match unsafe { (verbs.query_port)(ctx, self.port, &mut attr) } {
+            0 => attr.active_mtu,
+            _ => self.mtu,
+        };
+        let cqe = c_int::try_from(depth).unwrap_or(c_int::MAX);
+        // SAFETY: a live context; no completion channel, no user context.
+        let cq = unsafe { (verbs.create_cq)(ctx, cqe, null_mut(), null_mut(), 0) };
+        let cq = created(cq, &self.name, "creating a completion queue")?;
+        let cq = Cq {
+            ptr: cq,
+            release: verbs.destroy_cq,
+            made_from: Arc::clone(&self.pd.made_from),
+        };
+        let mut init = transport::rc_init(cq.ptr.as_ptr(), depth);
+        // SAFETY: a live PD and CQ; the attributes are read during the call only.
+        let qp = unsafe { (verbs.create_qp)(self.pd.ptr.as_ptr(), &mut init) };
+        let qp = created(qp, &self.name, "creating a queue pair")?;
+        // SAFETY: a live QP; its number is fixed for its life.
+        let qpn = unsafe { (*qp.as_ptr()).qp_num };
+        let psn = (std::process::id() ^ qpn.rotate_left(8)) & 0x00ff_ffff;
         Ok(Qp {
-            qp,
-            cq,
+            qp: Handle {
+                ptr: qp,
+                release: verbs.destroy_qp,
+                made_from: (cq, Arc::clone(&self.pd)),
+            },
+            qpn,
             psn,
             device: self.name.clone(),
             port: self.port,
-            gid_index: self.gid_index,
+            gid_index: self.sgid_index,
             gid: self.gid,
             mtu,
             tc: self.traffic_class,
@@ -343,174 +534,119 @@ impl Hca {
 
 /// A registered mapping. Field order matters: the MR deregisters before the mapping unmaps.
 pub struct Registered {
-    mr: Arc<MemoryRegion>,
+    _mr: Mr,
+    lkey: u32,
+    rkey: u32,
     pub mapping: Arc<Mapping>,
 }
 
 impl Registered {
     pub fn lkey(&self) -> u32 {
-        self.mr.lkey()
+        self.lkey
     }
     pub fn rkey(&self) -> u32 {
-        self.mr.rkey()
+        self.rkey
     }
-}
-
-/// One-sided operations.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Op {
-    Write,
-    Read,
-    CompareSwap { compare: u64, swap: u64 },
-    FetchAdd { add: u64 },
-}
-
-/// One work request: `len` bytes between local `offset` of a registered staging buffer and the
-/// remote virtual address `remote` under `rkey`.
-#[derive(Clone, Copy, Debug)]
-pub struct Work {
-    pub id: u64,
-    pub op: Op,
-    pub offset: u64,
-    pub len: u32,
-    pub remote: u64,
-    pub rkey: u32,
 }
 
 /// A reliable-connected queue pair. Every request is signalled; [`Qp::complete`] waits for them.
 pub struct Qp {
-    qp: BasicQueuePair,
-    cq: Arc<BasicCompletionQueue>,
+    qp: Handle<ibv::Qp, (Cq, Arc<Pd>)>,
+    qpn: u32,
     psn: u32,
     device: String,
     port: u8,
-    gid_index: u32,
+    gid_index: u8,
     gid: Ipv6Addr,
-    mtu: Mtu,
+    mtu: u32,
     tc: u8,
 }
 
-/// Ack timeout exponent (4.096 us x 2^16 = 268 ms) and retries: a dead peer is reported within
-/// about two seconds (7 x 268 ms), also under emulation, where round trips take milliseconds.
-const ACK_TIMEOUT: u8 = 16;
-const RETRIES: u8 = 7;
-/// Outstanding RDMA reads and atomics per queue pair, each way.
-const READ_ATOMIC_DEPTH: u8 = 8;
-
-/// An MTU in bytes (IBV_MTU_256 is 1, each step doubles).
-fn mtu_bytes(mtu: Mtu) -> u32 {
-    128 << (mtu as u32)
-}
-
-/// The largest verbs MTU not above `bytes` (256 at least).
-fn mtu_of(bytes: u32) -> Mtu {
-    match bytes {
-        4096.. => Mtu::Mtu4096,
-        2048..4096 => Mtu::Mtu2048,
-        1024..2048 => Mtu::Mtu1024,
-        512..1024 => Mtu::Mtu512,
-        _ => Mtu::Mtu256,
-    }
-}
-
 impl Qp {
+    fn provider(&self) -> &Provider {
+        &self.qp.made_from.0.made_from.made_from
+    }
+
     /// How a peer reaches this queue pair.
     pub fn address(&self) -> QpAddress {
         QpAddress {
             gid: self.gid,
-            qpn: self.qp.qp_number(),
+            qpn: self.qpn,
             psn: self.psn,
-            mtu: Some(mtu_bytes(self.mtu)),
+            mtu: Some(transport::mtu_bytes(self.mtu)),
         }
     }
 
     /// Connect to `peer`: INIT (peers may read, write and do atomics on what this side registered
     /// remotely), RTR with the peer's GID as global route and the fabric's traffic class, RTS.
     pub fn connect(&mut self, peer: QpAddress) -> Result<()> {
-        let mut attr = QueuePairAttribute::new();
-        attr.setup_state(QueuePairState::Init)
-            .setup_pkey_index(0)
-            .setup_port(self.port)
-            .setup_access_flags(
-                AccessFlags::RemoteWrite | AccessFlags::RemoteRead | AccessFlags::RemoteAtomic,
-            );
-        let device = self.device.clone();
-        let err = |what: &'static str| {
-            let device = device.clone();
-            move |x: sideway::ibverbs::queue_pair::ModifyQueuePairError| verbs_err(&device, what, x)
+        let local = Local {
+            port: self.port,
+            gid_index: self.gid_index,
+            mtu: self.mtu,
+            tc: self.tc,
+            psn: self.psn,
         };
-        self.qp.modify(&attr).map_err(err("queue pair to INIT"))?;
-        let mut ah = AddressHandleAttribute::new();
-        ah.setup_dest_lid(0)
-            .setup_port(self.port)
-            .setup_service_level(0)
-            .setup_grh(&Gid::from(peer.gid), 0, self.gid_index as u8, 64, self.tc);
-        let mut attr = QueuePairAttribute::new();
-        attr.setup_state(QueuePairState::ReadyToReceive)
-            .setup_path_mtu(mtu_of(crate::wire::path_mtu(mtu_bytes(self.mtu), peer.mtu)))
-            .setup_dest_qp_num(peer.qpn)
-            .setup_rq_psn(peer.psn)
-            .setup_max_dest_read_atomic(READ_ATOMIC_DEPTH)
-            .setup_min_rnr_timer(12)
-            .setup_address_vector(&ah);
-        self.qp
-            .modify(&attr)
-            .map_err(err("queue pair to RTR (is the peer's GID reachable?)"))?;
-        let mut attr = QueuePairAttribute::new();
-        attr.setup_state(QueuePairState::ReadyToSend)
-            .setup_sq_psn(self.psn)
-            .setup_timeout(ACK_TIMEOUT)
-            .setup_retry_cnt(RETRIES)
-            .setup_rnr_retry(7)
-            .setup_max_read_atomic(READ_ATOMIC_DEPTH);
-        self.qp.modify(&attr).map_err(err("queue pair to RTS"))?;
+        for (mut attr, mask, what) in transport::transitions(local, peer) {
+            // SAFETY: a live QP; the attributes are read during the call only.
+            let modify_qp = self.provider().verbs.modify_qp;
+            let rc = unsafe { modify_qp(self.qp.ptr.as_ptr(), &mut attr, mask) };
+            if rc != 0 {
+                return Err(verbs_err(&self.device, what, rc_error(rc)));
+            }
+        }
         Ok(())
     }
 
-    /// Post `works` in one call (one doorbell), all signalled, local buffers in `staging`.
-    pub fn post(&mut self, staging: &Registered, works: &[Work]) -> Result<(), String> {
-        let base = staging.mapping.addr();
-        let lkey = staging.lkey();
-        let mut guard = self.qp.start_post_send();
-        for w in works {
-            assert!(
-                w.offset + u64::from(w.len) <= staging.mapping.len() as u64,
-                "staging overflow"
-            );
-            let h = guard.construct_wr(w.id, WorkRequestFlags::Signaled);
-            let local = match w.op {
-                Op::Write => h.setup_write(w.rkey, w.remote),
-                Op::Read => h.setup_read(w.rkey, w.remote),
-                Op::CompareSwap { compare, swap } => {
-                    h.setup_atomic_compare_swap(w.rkey, w.remote, compare, swap)
-                }
-                Op::FetchAdd { add } => h.setup_atomic_fetch_add(w.rkey, w.remote, add),
-            };
-            // SAFETY: the local range lies inside the registered staging mapping (asserted above),
-            // which outlives the request: callers wait for every completion before reusing it.
-            unsafe { local.setup_sge(lkey, base + w.offset, w.len) };
+    /// Post `works` in one call (one doorbell), all signalled, local buffers in `staging`. On a
+    /// refusal, the requests before the refused one were posted (`PostError::accepted`).
+    pub fn post(&mut self, staging: &Registered, works: &[Work]) -> Result<(), PostError> {
+        if works.is_empty() {
+            return Ok(());
         }
-        guard.post().map_err(|e| e.to_string())
+        let room = staging.mapping.len() as u64;
+        assert!(
+            works.iter().all(|w| w.offset + u64::from(w.len) <= room),
+            "staging overflow"
+        );
+        let mut list = transport::requests(works, staging.mapping.addr(), staging.lkey());
+        let mut bad: *mut ibv::SendWr = null_mut();
+        // SAFETY: a live QP; the list and its entries stay alive and unmoved during the call
+        // (the provider copies them into the send queue). Each local range lies inside the
+        // registered staging mapping (asserted above), which outlives the requests: callers wait
+        // for every completion before reusing it.
+        let (post_send, first) = (self.provider().post_send, list.first());
+        let rc = unsafe { post_send(self.qp.ptr.as_ptr(), first, &mut bad) };
+        if rc == 0 {
+            return Ok(());
+        }
+        Err(PostError {
+            accepted: list.accepted_before(bad),
+            reason: rc_error(rc).to_string(),
+        })
     }
 
     /// Wait for `n` completions, or until `timeout` passes. Returns the failed ones as
     /// (work id, status). A timeout is reported as work id `u64::MAX`.
     pub fn complete(&mut self, n: usize, timeout: Duration) -> Vec<(u64, String)> {
-        let deadline = Instant::now() + timeout;
         let mut failed = Vec::new();
+        let deadline = Instant::now() + timeout;
+        let mut wcs = [ibv::Wc::default(); 16];
         let mut done = 0;
         let mut idle = 0u32;
         while done < n {
-            let mut got = 0;
-            if let Ok(poller) = self.cq.start_poll() {
-                for wc in poller {
-                    got += 1;
-                    if wc.status() != WorkCompletionStatus::Success as u32 {
-                        failed.push((
-                            wc.wr_id(),
-                            format!("{:?}", WorkCompletionStatus::from(wc.status())),
-                        ));
-                    }
+            let want = c_int::try_from((n - done).min(wcs.len())).unwrap_or(1);
+            // SAFETY: a live CQ; the provider writes at most `want` entries into `wcs`.
+            let (poll_cq, cq) = (self.provider().poll_cq, self.qp.made_from.0.ptr.as_ptr());
+            let got = unsafe { poll_cq(cq, want, wcs.as_mut_ptr()) };
+            if got < 0 {
+                failed.push((u64::MAX, format!("polling the completion queue: {got}")));
+                break;
+            }
+            let got = got as usize;
+            for wc in &wcs[..got] {
+                if wc.status != ibv::WC_SUCCESS {
+                    failed.push((wc.wr_id, ibv::wc_status_name(wc.status)));
                 }
             }
             done += got;
@@ -530,5 +666,29 @@ impl Qp {
             }
         }
         failed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_libibverbs_is_named_with_what_to_install() {
+        let Err(e) = Verbs::load("libibverbs-not-here.so.1") else {
+            panic!("loaded a library that does not exist");
+        };
+        assert!(e.contains("cannot load libibverbs-not-here.so.1"), "{e}");
+        assert!(e.contains("ibverbs-providers"), "{e}");
+    }
+
+    #[test]
+    fn the_installed_libibverbs_resolves_every_entry_point() {
+        // Where rdma-core is installed (the build machine has it): every symbol is there.
+        match Verbs::load(ibv::LIBRARY) {
+            Ok(_) => {}
+            Err(e) if e.starts_with("cannot load") => eprintln!("skipped: {e}"),
+            Err(e) => panic!("{e}"),
+        }
     }
 }

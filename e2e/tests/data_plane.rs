@@ -216,6 +216,20 @@ session() {
   POD_NAME=$1 POD_UID=$2 ROCEFABRIC_REGION_FILE=/tmp/dsm/$1.region \
     $IP netns exec ${3:-$1} $D session </tmp/dsm/$1.in >/tmp/dsm/$1.out 2>/tmp/dsm/$1.err
 }
+# cli_data UID: a1's one-shot commands move real data into b2's window (idle by then): a file
+# and stdin written, read back to a file and to stdout; stdin longer than the window refused.
+cli_data() {
+  A="env POD_NAME=a1 POD_UID=$1 ROCEFABRIC_REGION_FILE=/tmp/dsm/a1.region $IP netns exec a1 $D"
+  seq 1 70000 >/tmp/in.txt
+  $A write --addr b2+0x10000 --file /tmp/in.txt || return 1
+  $A read --addr b2+0x10000 --len $(stat -c %s /tmp/in.txt) --out /tmp/out.txt || return 2
+  cmp /tmp/in.txt /tmp/out.txt && echo "file round trip: same"
+  $A write --addr b2+0x80000 --file - </tmp/in.txt || return 3
+  $A read --addr b2+0x80000 --len $(stat -c %s /tmp/in.txt) --out - >/tmp/stdout.txt || return 4
+  cmp /tmp/in.txt /tmp/stdout.txt && echo "stdin and stdout round trip: same"
+  head -c 2200000 /dev/zero | $A write --addr b2+0x1000 --file -; echo "too long: exit $?"
+  $A read --addr b2+0x10000 --len 6
+}
 # set_directory FILE: replace the mounted directory atomically, as the kubelet does.
 set_directory() { cp "$1" /tmp/dsm/regions.tmp && mv /tmp/dsm/regions.tmp /tmp/dsm/regions.json; }
 mkdir -p /tmp/dsm
@@ -315,6 +329,7 @@ fn scenario(a_side: bool, p: &Planned) -> String {
              i=0; until ib_write_bw -d rxe0 -x $GID -n 256 -s 65536 -F 10.77.0.2 >/tmp/bw 2>&1; do i=$((i+1)); [ $i -gt 60 ] && break; sleep 1; done\n\
              section write-bw-$round cat /tmp/bw\n\
              done\n\
+             section cli-data cli_data {a1}\n\
              section release env POD_NAME=a1 POD_UID={a1} ROCEFABRIC_REGION_FILE=/tmp/dsm/a1.region $IP netns exec a1 $D write --addr b2+0x1f0030 --word 1\n\
              exit 0\n",
             uid("a1"),
@@ -534,6 +549,12 @@ fn a_restarted_owner_is_reached_anew_and_never_through_the_old_connection() {
         error.contains("owner b1 is gone") || error.contains("transport to owner b1"),
         "{stale}"
     );
+    // The address accessed (b1+0x1000), not the window's base.
+    let shown = error.split(':').next().unwrap();
+    assert!(
+        shown.starts_with("address 0x") && shown.ends_with("1000"),
+        "{stale}"
+    );
     eprintln!("data_plane: stale access: {}", stale["error"]);
     // Once the directory names the new b1, the next access connects to it.
     ok(answer(&a1, 19));
@@ -550,6 +571,28 @@ fn a_restarted_owner_is_reached_anew_and_never_through_the_old_connection() {
         1,
         "it posted only its own flag write"
     );
+}
+
+#[test]
+fn the_cli_moves_files_and_pipes_of_any_length_and_refuses_what_does_not_fit() {
+    let Some((a, _)) =
+        runs("the_cli_moves_files_and_pipes_of_any_length_and_refuses_what_does_not_fit")
+    else {
+        return;
+    };
+    let s = a.section("cli-data");
+    assert_eq!(s.rc, 0, "{}", s.output);
+    let out = &s.output;
+    assert!(out.contains("file round trip: same"), "{out}");
+    assert!(out.contains("stdin and stdout round trip: same"), "{out}");
+    assert!(out.contains("too long: exit 1"), "{out}");
+    assert!(
+        out.contains("(+2093057 bytes): out of window: pod b2")
+            && out.contains("longer than the 2093056 bytes"),
+        "{out}"
+    );
+    // The start of `seq 1 70000`, as hex: "1\n2\n3\n".
+    assert!(out.contains("310a320a330a"), "{out}");
 }
 
 #[test]

@@ -1,5 +1,6 @@
 //! Command line: flags (each with the variable a pod already has), then one subcommand.
 
+mod data;
 mod probe;
 mod session;
 
@@ -63,23 +64,24 @@ enum Command {
         #[arg(long)]
         dump_on_exit: Option<PathBuf>,
     },
-    /// Read LEN bytes at ADDR (a number or POD+OFFSET) and print them as hex.
+    /// Read LEN bytes at ADDR (a number or POD+OFFSET): printed as hex (up to 64 KiB), or any
+    /// length raw into a file or stdout with --out.
     Read {
         #[arg(long)]
         addr: String,
         #[arg(long, default_value_t = 8)]
         len: u64,
+        /// Write the bytes raw to PATH (`-`: stdout) instead of as hex. A file is replaced only
+        /// once every byte is read.
+        #[arg(long, value_name = "PATH")]
+        out: Option<PathBuf>,
     },
-    /// Write bytes (hex) or one little-endian word at ADDR.
+    /// Write bytes at ADDR: hex, one little-endian word, or all of a file or stdin.
     Write {
         #[arg(long)]
         addr: String,
-        /// Bytes as hex.
-        #[arg(long, conflicts_with = "word", required_unless_present = "word")]
-        hex: Option<String>,
-        /// One 8-byte word.
-        #[arg(long)]
-        word: Option<String>,
+        #[command(flatten)]
+        data: WriteData,
     },
     /// Compare-and-swap the word at ADDR; prints the value it held.
     Cas {
@@ -103,6 +105,21 @@ enum Command {
     Session,
     /// One-sided read (and with --write, write) latency and bandwidth to each peer's window.
     Probe(probe::Args),
+}
+
+/// What `write` writes: exactly one of these.
+#[derive(Debug, clap::Args)]
+#[group(required = true, multiple = false)]
+struct WriteData {
+    /// Bytes as hex.
+    #[arg(long)]
+    hex: Option<String>,
+    /// One 8-byte word.
+    #[arg(long)]
+    word: Option<String>,
+    /// All bytes of PATH (`-`: stdin); nothing is written unless they fit in the window.
+    #[arg(long, value_name = "PATH")]
+    file: Option<PathBuf>,
 }
 
 pub fn main() -> ExitCode {
@@ -141,6 +158,20 @@ fn config(cli: &Cli, expose: bool) -> Result<Config> {
 }
 
 fn run(cli: Cli) -> Result<()> {
+    // What can be checked without the HCA is checked first.
+    let mut input = None;
+    match &cli.command {
+        Command::Read { len, out: None, .. } => anyhow::ensure!(
+            *len <= data::HEX_MAX,
+            "--len {len}: more than {} bytes print only with --out (--out PATH, or --out - for \
+             raw bytes on stdout)",
+            data::HEX_MAX
+        ),
+        Command::Write { data: d, .. } => {
+            input = d.file.as_deref().map(data::Input::open).transpose()?;
+        }
+        _ => {}
+    }
     let expose = matches!(cli.command, Command::Serve { .. } | Command::Session);
     let mut dsm = Dsm::open(config(&cli, expose)?)?;
     let addr = |dsm: &Dsm, a: &str| config::address(a, dsm.directory());
@@ -160,24 +191,29 @@ fn run(cli: Cli) -> Result<()> {
                     .with_context(|| format!("writing {}", path.display()))?;
             }
         }
-        Command::Read { addr: a, len } => {
+        Command::Read { addr: a, len, out } => {
             let at = addr(&dsm, a)?;
-            let mut buf = vec![0u8; usize::try_from(*len)?];
-            dsm.read(at, &mut buf)?;
-            println!("{}", hex(&buf));
+            match out {
+                Some(path) => data::read_to_file(&mut dsm, at, *len, path)?,
+                None => {
+                    let mut buf = vec![0u8; usize::try_from(*len)?];
+                    dsm.read(at, &mut buf)?;
+                    println!("{}", hex(&buf));
+                }
+            }
         }
-        Command::Write {
-            addr: a,
-            hex: h,
-            word,
-        } => {
+        Command::Write { addr: a, data: d } => {
             let at = addr(&dsm, a)?;
-            let data = match (h, word) {
-                (Some(h), _) => unhex(h)?,
-                (None, Some(w)) => num("--word", w)?.to_le_bytes().to_vec(),
-                (None, None) => unreachable!("clap requires one"),
+            let bytes = match (&d.hex, &d.word, input) {
+                (Some(h), _, _) => unhex(h)?,
+                (_, Some(w), _) => num("--word", w)?.to_le_bytes().to_vec(),
+                (_, _, Some(input)) => {
+                    data::write_input(&mut dsm, at, input)?;
+                    return Ok(());
+                }
+                (None, None, None) => unreachable!("clap requires one"),
             };
-            dsm.write(at, &data)?;
+            dsm.write(at, &bytes)?;
         }
         Command::Cas { addr: a, old, new } => {
             let at = addr(&dsm, a)?;
@@ -229,4 +265,60 @@ pub(crate) fn unhex(text: &str) -> Result<Vec<u8>> {
             u8::from_str_radix(&t[i..i + 2], 16).with_context(|| format!("--hex {text:?}: not hex"))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("rocefabric-dsm").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn write_takes_exactly_one_of_hex_word_and_file() {
+        let cli = parse(&["write", "--addr", "a", "--file", "-"]).unwrap();
+        let Command::Write { data, .. } = cli.command else {
+            panic!("{cli:?}")
+        };
+        assert_eq!(data.file.as_deref(), Some(std::path::Path::new("-")));
+        assert!(parse(&["write", "--addr", "a", "--hex", "01"]).is_ok());
+        assert!(parse(&["write", "--addr", "a", "--word", "1"]).is_ok());
+        for bad in [
+            &["write", "--addr", "a"][..],
+            &["write", "--addr", "a", "--hex", "01", "--file", "x"],
+            &["write", "--addr", "a", "--word", "1", "--hex", "01"],
+        ] {
+            let e = parse(bad).unwrap_err();
+            assert!(
+                matches!(
+                    e.kind(),
+                    clap::error::ErrorKind::ArgumentConflict
+                        | clap::error::ErrorKind::MissingRequiredArgument
+                ),
+                "{bad:?}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn read_prints_hex_by_default_and_writes_raw_bytes_with_out() {
+        let cli = parse(&["read", "--addr", "a+8", "--len", "1048576", "--out", "-"]).unwrap();
+        let Command::Read { len, out, .. } = cli.command else {
+            panic!("{cli:?}")
+        };
+        assert_eq!(
+            (len, out.as_deref()),
+            (1 << 20, Some(std::path::Path::new("-")))
+        );
+        let cli = parse(&["read", "--addr", "a"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Read {
+                len: 8,
+                out: None,
+                ..
+            }
+        ));
+    }
 }
