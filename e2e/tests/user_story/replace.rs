@@ -38,12 +38,18 @@ pub fn replaced_pod_gets_a_fresh_window(story: &mut Story) {
     );
 
     // The directory every pod mounts names the new identity once the kubelet syncs it.
-    eventually("a1's mounted directory names the new b2", WAIT, || {
-        let dir = story
-            .exec("a1", "cat /etc/rocefabric/directory/regions.json")
-            .ok()?;
-        (dir.contains(&uid) && !dir.contains(&old_uid)).then_some(())
-    });
+    for pod in ["a1", "a2"] {
+        eventually(
+            &format!("{pod}'s mounted directory names the new b2"),
+            WAIT,
+            || {
+                let dir = story
+                    .exec(pod, "cat /etc/rocefabric/directory/regions.json")
+                    .ok()?;
+                (dir.contains(&uid) && !dir.contains(&old_uid)).then_some(())
+            },
+        );
+    }
     ok(
         &story.session("a1", "reach b2+0 60000"),
         "a1 reaches the new b2",
