@@ -378,6 +378,7 @@ impl<C: ClaimSource> NodeDriver<C> {
             name: claim.name.clone(),
             state: ClaimState::Preparing,
             devices: plan.devices,
+            whole_claim: plan.whole_claim,
         };
         let had_record = checkpoint.claims.contains_key(&claim.uid);
         if let Err(error) = self.commit(&mut checkpoint, &claim.uid, Some(record.clone())) {
@@ -446,18 +447,22 @@ fn owned_devices(devices: &[PreparedDevice]) -> BTreeSet<String> {
         .collect()
 }
 
-/// The kubelet's answer for a record.
-fn answer(record: &ClaimRecord) -> Vec<Device> {
-    record
-        .devices
-        .iter()
-        .map(|d| Device {
-            request_names: d.request_names.clone(),
-            pool_name: d.pool.clone(),
-            device_name: d.device.clone(),
-            cdi_device_ids: d.cdi_device_ids.clone(),
-        })
-        .collect()
+/// The kubelet's answer for a record: its devices, then the whole-claim entry (last, so its
+/// environment is the one a container given the whole claim keeps).
+pub fn answer(record: &ClaimRecord) -> Vec<Device> {
+    let devices = record.devices.iter().map(|d| Device {
+        request_names: d.request_names.clone(),
+        pool_name: d.pool.clone(),
+        device_name: d.device.clone(),
+        cdi_device_ids: d.cdi_device_ids.clone(),
+    });
+    let whole_claim = record.whole_claim.iter().map(|w| Device {
+        request_names: w.request_names.clone(),
+        pool_name: w.pool.clone(),
+        device_name: w.device.clone(),
+        cdi_device_ids: w.cdi_device_ids.clone(),
+    });
+    devices.chain(whole_claim).collect()
 }
 
 fn claim_ref(claim: Claim) -> ClaimRef {
