@@ -35,6 +35,7 @@ const NODE: &str = "node-a";
 
 mod admin_access;
 mod consistency;
+mod dra_gpus;
 mod grants_unknown;
 mod per_request;
 
