@@ -8,6 +8,12 @@
 //!   (which completes it; the kubelet retries until it gets an answer) or unprepares it;
 //! - a spec file without a record cannot come from a crash (a spec is written after its record
 //!   and removed before it); one left by a lost checkpoint is removed at start.
+//!
+//! The format is still version 1. Records written before CDI devices were per request (one CDI
+//! id per physical device, no `wholeClaim`) load unchanged and answer what they answered then; their
+//! spec files stay as written until the claim is unprepared, so a container restarted in place
+//! still finds the ids the kubelet kept. An older daemon reading a newer file ignores
+//! `wholeClaim`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -50,13 +56,31 @@ impl PreparedDevice {
     }
 }
 
+/// The answer's whole-claim entry, as the kubelet was (or will be) told: the whole-claim CDI
+/// device of a claim with several requests, on one of the claim's devices under a request name no
+/// container can name, so that only a container given the whole claim gets it, after the
+/// requests' devices (see [`crate::prepare`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WholeClaimDevice {
+    pub request_names: Vec<String>,
+    pub pool: String,
+    pub device: String,
+    pub cdi_device_ids: Vec<String>,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ClaimRecord {
     pub namespace: String,
     pub name: String,
     pub state: ClaimState,
+    /// One per allocation result of ours (request and device), in the allocation's order.
     pub devices: Vec<PreparedDevice>,
+    /// Answered after `devices`; absent for a claim of one request, and in records written before
+    /// CDI devices were per request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub whole_claim: Option<WholeClaimDevice>,
 }
 
 impl ClaimRecord {
@@ -170,9 +194,15 @@ mod tests {
                     pool: "node".into(),
                     device: "hca-mlx5-0".into(),
                     physical: "0000:18:00.0".into(),
-                    cdi_device_ids: vec!["rocefabric.io/claim=uid-1-hca-mlx5-0".into()],
+                    cdi_device_ids: vec!["rocefabric.io/claim=uid-1-hca".into()],
                     admin_access: false,
                 }],
+                whole_claim: Some(WholeClaimDevice {
+                    request_names: vec!["rocefabric.io/whole-claim".into()],
+                    pool: "node".into(),
+                    device: "hca-mlx5-0".into(),
+                    cdi_device_ids: vec!["rocefabric.io/claim=uid-1".into()],
+                }),
             },
         );
         save(&path, &cp).unwrap();
@@ -187,6 +217,60 @@ mod tests {
         std::fs::write(&path, r#"{"version": 9, "claims": {}}"#).unwrap();
         let err = load(&path).unwrap_err().to_string();
         assert!(err.contains("version 9"), "{err}");
+    }
+
+    /// A file written before CDI devices were per request: one CDI id per physical device, a
+    /// device listed once for all its requests, no `wholeClaim`.
+    const BEFORE_PER_REQUEST: &str = r#"{
+  "version": 1,
+  "claims": {
+    "uid-1": {
+      "namespace": "ns",
+      "name": "pairs",
+      "state": "prepared",
+      "devices": [
+        {
+          "requestNames": ["gpu", "spare"],
+          "pool": "node-a",
+          "device": "gpu-0",
+          "physical": "0000:1b:00.0",
+          "cdiDeviceIds": ["rocefabric.io/claim=uid-1-gpu-0"]
+        },
+        {
+          "requestNames": ["hca"],
+          "pool": "node-a",
+          "device": "hca-mlx5-0",
+          "physical": "0000:18:00.0",
+          "cdiDeviceIds": ["rocefabric.io/claim=uid-1-hca-mlx5-0"],
+          "adminAccess": true
+        }
+      ]
+    }
+  }
+}
+"#;
+
+    #[test]
+    fn a_checkpoint_from_before_per_request_devices_loads_unchanged() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("checkpoint.json");
+        std::fs::write(&path, BEFORE_PER_REQUEST).unwrap();
+        let cp = load(&path).unwrap();
+        let record = &cp.claims["uid-1"];
+        assert_eq!(record.whole_claim, None);
+        assert_eq!(record.devices.len(), 2);
+        assert_eq!(record.devices[0].request_names, ["gpu", "spare"]);
+        assert_eq!(
+            record.devices[1].cdi_device_ids,
+            ["rocefabric.io/claim=uid-1-hca-mlx5-0"]
+        );
+        assert!(record.devices[0].owned() && !record.devices[1].owned());
+        // Saved again, it says the same: nothing added, nothing lost.
+        save(&path, &cp).unwrap();
+        let again: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let before: serde_json::Value = serde_json::from_str(BEFORE_PER_REQUEST).unwrap();
+        assert_eq!(again, before);
     }
 
     #[test]

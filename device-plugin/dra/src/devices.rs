@@ -21,8 +21,9 @@
 //!
 //! Withdrawn (left out of the slice, so no claim whatever its selectors can be allocated them):
 //! an HCA whose port is not ACTIVE or that has no uverbs device, an HCA of the fabric whose QoS is
-//! not proven while the QoS gate holds, a GPU without its driver or device node, and in `both`
-//! mode a device the device plugin has granted to a live pod. Marking such devices with an
+//! not proven while the QoS gate holds, a GPU without its driver or device node, and a device a
+//! device plugin has granted to a live pod (ours in `both` mode, NVIDIA's GPUs in `dra` mode too)
+//! or may have while grants are unknown. Marking such devices with an
 //! attribute instead would leave them to every DeviceClass that forgets to test it, and the
 //! scheduler never revisits an allocation, so a claim would get a device that cannot carry
 //! lossless RoCE traffic.
@@ -88,10 +89,10 @@ pub enum Withdrawn {
     QosNotProven,
     /// The GPU's driver is not bound or its device node is missing.
     GpuUnavailable,
-    /// The device plugin granted it to a live pod (`both` mode).
+    /// A device plugin granted it to a live pod (ours in `both` mode; NVIDIA's, for a GPU).
     HeldByDevicePlugin,
-    /// The device plugin serves it and its grants are unknown: the kubelet's pod resources API
-    /// cannot be read (`both` mode).
+    /// A device plugin may have granted it and grants are unknown: the kubelet's pod resources
+    /// API cannot be read (every GPU; in `both` mode also what our device plugin serves).
     GrantsUnknown,
 }
 
@@ -108,12 +109,12 @@ impl Withdrawn {
     }
 }
 
-/// What the device plugin holds or may hold (`both` mode).
+/// What device plugins hold or may hold.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Held {
     /// Granted to live pods (or pending).
     pub granted: BTreeSet<String>,
-    /// Served by the device plugin while its grants are unknown.
+    /// What a device plugin may have granted, while grants are unknown.
     pub unknown: BTreeSet<String>,
 }
 
@@ -271,7 +272,7 @@ fn gpu_device(gpu: &Gpu) -> DraDevice {
 
 /// The node's devices for DRA. `inventory` is the discovered one (before the gate); `view` is the
 /// fabric's view of the node; `gpus` says whether GPUs are published (off where another driver
-/// serves them); `held` are the physical devices the device plugin holds (`both` mode).
+/// serves them); `held` are the physical devices device plugins hold or may hold.
 pub fn listing(inventory: &Inventory, view: &FabricView, gpus: bool, held: &Held) -> Listing {
     let mut out = Listing::default();
     let mut place = |device: DraDevice, why: Option<Withdrawn>| {

@@ -1,5 +1,6 @@
-//! One ledger of who holds each physical device of the node, for `both` mode: DRA claims
-//! (prepared or being prepared) and device plugin grants. Devices are keyed by their physical
+//! One ledger of who holds each physical device of the node: DRA claims (prepared or being
+//! prepared) and device plugin grants (ours in `both` mode, and the GPU resource's, NVIDIA's,
+//! wherever GPUs are published). Devices are keyed by their physical
 //! identity: the HCA's ID ([`rocefabric_node_model::model::Hca::id`]) or the GPU's PCI address, which both the
 //! device plugin's IDs ([`rocefabric_node_model::ownership::devices_behind`]) and the DRA device list resolve to.
 //!
@@ -112,15 +113,15 @@ impl Ledger {
         self.changed.send_modify(|n| *n = n.wrapping_add(1));
     }
 
-    /// A ledger for `both` mode: the device plugin's grants are unknown until the first
-    /// [`Ledger::set_live`].
+    /// A ledger for a daemon that reads device plugin grants (`both` mode, and `dra` mode
+    /// publishing GPUs): they are unknown until the first [`Ledger::set_live`].
     pub fn awaiting_grants() -> Self {
         let ledger = Self::default();
         ledger.lock().grants_unknown = true;
         ledger
     }
 
-    /// Whether the device plugin's grants are known (always, when no device plugin runs).
+    /// Whether device plugin grants are known (always, when they are not read).
     pub fn grants_known(&self) -> bool {
         !self.lock().grants_unknown
     }

@@ -11,11 +11,11 @@
 //! - [`devices`]: which devices are published, with which attributes, and which are withdrawn and
 //!   why;
 //! - [`slice`]: the `ResourceSlice` object of a device list;
-//! - [`cdi`]: the CDI spec of a prepared claim (and the few lines that write and remove its
-//!   file);
-//! - [`prepare`]: a claim's allocation results resolved against the inventory;
-//! - [`ledger`]: who holds each physical device when both modes run (DRA claims, device plugin
-//!   grants), so no device is handed to two pods.
+//! - [`cdi`]: the CDI spec of a prepared claim, a CDI device per request so each container gets
+//!   its own devices' environment (and the few lines that write and remove its file);
+//! - [`prepare`]: a claim's allocation results resolved against the inventory, and the answer;
+//! - [`ledger`]: who holds each physical device (DRA claims, device plugin grants: ours in `both`
+//!   mode, NVIDIA's GPUs wherever GPUs are published), so no device is handed to two pods.
 //!
 //! I/O shells:
 //! - [`checkpoint`]: the prepared claims on disk, written before a prepare answers;

@@ -1,19 +1,19 @@
-//! Device plugin grants as the kubelet's pod resources API lists them, read in `both` mode: which
-//! physical devices live pods hold, so the ledger learns when a grant ends (the device plugin API
-//! has no Deallocate).
+//! Device plugin grants as the kubelet's pod resources API lists them: which physical devices live
+//! pods hold, so the ledger learns when a grant ends (the device plugin API has no Deallocate).
+//! Read in `both` mode (our device plugin's grants and the GPU resource's), and in `dra` mode
+//! whenever GPUs are published (NVIDIA's device plugin may have given one to a running pod).
 
-use std::collections::BTreeMap;
-
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use rocefabric_node_model::config::{Config, ResourceKind};
 use rocefabric_node_model::model::Inventory;
 use rocefabric_node_model::ownership::{Partition, devices_behind};
 
 /// The physical devices (HCA ID, GPU PCI address) behind listed grants, each with its resource:
-/// grants of our resources by their IDs, and grants of the GPU resource by any plugin (NVIDIA's
-/// device plugin runs beside ours by default) by the GPU's UUID or PCI bus ID, so a GPU another
-/// plugin gave to a pod is never handed to a claim. Grants of other resources are ignored.
+/// grants of the GPU resource by any plugin (NVIDIA's device plugin runs beside ours by default)
+/// by the GPU's UUID or PCI bus ID, so a GPU another plugin gave to a pod is never handed to a
+/// claim, and grants of our resources by their IDs (in `dra` mode, grants left from a
+/// `devicePlugin` run whose pods still live). Grants of other resources are ignored.
 pub fn held_devices(
     cfg: &Config,
     inventory: &Inventory,
@@ -25,14 +25,16 @@ pub fn held_devices(
         .collect();
     let mut out = BTreeMap::new();
     for (resource, id) in grants {
-        if let Some(kind) = kinds.get(resource.as_str()) {
-            for device in devices_behind(*kind, id) {
-                out.insert(device.to_string(), resource.clone());
-            }
-        } else if *resource == cfg.gpu.resource_name
+        // First by the GPU's names: ours (the PCI address) is a bus ID too, and a config that
+        // enables our GPU resource may be read in `dra` mode, where NVIDIA's plugin serves it.
+        if *resource == cfg.gpu.resource_name
             && let Some(gpu) = gpu_of(inventory, id)
         {
             out.insert(gpu.to_string(), resource.clone());
+        } else if let Some(kind) = kinds.get(resource.as_str()) {
+            for device in devices_behind(*kind, id) {
+                out.insert(device.to_string(), resource.clone());
+            }
         }
     }
     out
@@ -155,6 +157,28 @@ mod tests {
         );
         assert_eq!(normalize_bus_id("GPU-aaaa"), None);
         assert_eq!(normalize_bus_id("0000:1b:00"), None);
+    }
+
+    #[test]
+    fn a_uuid_grant_holds_its_gpu_even_where_the_config_enables_our_gpu_resource() {
+        let mut cfg = Config::default();
+        cfg.gpu.enabled = true;
+        let inventory = Inventory {
+            gpus: vec![
+                gpu("0000:1b:00.0", "GPU-aaaa"),
+                gpu("0000:43:00.0", "GPU-bbbb"),
+            ],
+            ..Inventory::default()
+        };
+        let grants = vec![
+            ("nvidia.com/gpu".to_string(), "GPU-aaaa".to_string()),
+            ("nvidia.com/gpu".to_string(), "0000:43:00.0".to_string()),
+        ];
+        let held = held_devices(&cfg, &inventory, &grants);
+        assert_eq!(
+            held.into_keys().collect::<Vec<_>>(),
+            ["0000:1b:00.0", "0000:43:00.0"]
+        );
     }
 
     #[test]

@@ -51,16 +51,21 @@ fn container_args_are_accepted_by_the_binaries() {
             panic!("rocefabric-device-plugin rejects the {name} container's args {args:?}: {e}");
         }
     }
-    // Every node.mode: the DRA flags are the daemon's too.
-    for mode in ["dra", "both"] {
-        let objects = render(&engine, json!({"node": {"mode": mode}}));
+    // Every node.mode, GPUs published or not: the DRA flags are the daemon's too.
+    for (mode, gpus) in [("dra", true), ("dra", false), ("both", false)] {
+        let objects = render(
+            &engine,
+            json!({"node": {"mode": mode, "dra": {"gpus": gpus}}}),
+        );
         let node = pod_spec_of_daemonset(&node_daemonset(&objects));
         let args = argv(
             "rocefabric-device-plugin",
             container(&node, "device-plugin"),
         );
         if let Err(e) = rocefabric_device_plugin::cli::Cli::try_parse_from(&args) {
-            panic!("rocefabric-device-plugin rejects the mode={mode} args {args:?}: {e}");
+            panic!(
+                "rocefabric-device-plugin rejects the mode={mode} gpus={gpus} args {args:?}: {e}"
+            );
         }
     }
     assert_eq!(

@@ -50,8 +50,9 @@ fn host_path_types(pod: &PodSpec) -> BTreeMap<String, String> {
 /// `node.mode` adds the DRA parts, and only those: `devicePlugin` (the default) renders no
 /// DeviceClass, no resource.k8s.io rule or policy and no DRA flag or mount; `dra` renders both
 /// DeviceClasses, the ResourceSlice and ResourceClaim rules, the own-node ResourceSlice policy,
-/// the DRA flags and the kubelet's directories at their host paths, and drops the device plugin
-/// directory; `both` keeps the device plugin parts and adds the pod-resources socket, read-only.
+/// the DRA flags and the kubelet's directories at their host paths with the pod-resources socket
+/// read-only (GPUs are published by default: a GPU NVIDIA's device plugin granted must be seen),
+/// and drops the device plugin directory; `both` keeps the device plugin parts.
 #[test]
 fn node_mode_selects_the_dra_parts() {
     let Some(engine) = engine("node_mode_selects_the_dra_parts") else {
@@ -86,7 +87,7 @@ fn node_mode_selects_the_dra_parts() {
             ("--cdi-dir=/var/run/cdi", dra),
             (
                 "--pod-resources-socket=/var/lib/kubelet/pod-resources/kubelet.sock",
-                mode == "both",
+                dra,
             ),
         ] {
             assert_eq!(has(flag), wanted, "{mode}: {flag} in {args:?}");
@@ -94,7 +95,7 @@ fn node_mode_selects_the_dra_parts() {
         for prefix in ["--dra-", "--cdi-", "--pod-resources"] {
             assert_eq!(
                 args.iter().any(|a| a.starts_with(prefix)),
-                prefix == "--pod-resources" && mode == "both" || prefix != "--pod-resources" && dra,
+                dra,
                 "{mode}: {prefix}* in {args:?}"
             );
         }
@@ -113,8 +114,6 @@ fn node_mode_selects_the_dra_parts() {
             expected.insert(same("/var/lib/kubelet/plugins/rocefabric.io", false));
             expected.insert(same("/var/lib/kubelet/plugins_registry", false));
             expected.insert(same("/var/run/cdi", false));
-        }
-        if mode == "both" {
             expected.insert(same("/var/lib/kubelet/pod-resources", true));
         }
         assert_eq!(
@@ -125,14 +124,6 @@ fn node_mode_selects_the_dra_parts() {
         let types = host_path_types(&pod);
         let want_types: &[(&str, &str)] = match mode {
             "devicePlugin" => &[],
-            "dra" => &[
-                (
-                    "/var/lib/kubelet/plugins/rocefabric.io",
-                    "DirectoryOrCreate",
-                ),
-                ("/var/lib/kubelet/plugins_registry", "Directory"),
-                ("/var/run/cdi", "DirectoryOrCreate"),
-            ],
             _ => &[
                 (
                     "/var/lib/kubelet/plugins/rocefabric.io",
@@ -315,6 +306,63 @@ fn node_mode_selects_the_dra_parts() {
             json!({"node": {"mode": mode}, "admissionPolicies": {"enabled": false}}),
         );
         assert!(of_kind(&off, "ValidatingAdmissionPolicy").is_empty());
+    }
+}
+
+/// The pod-resources socket is mounted (read-only) and read wherever the daemon publishes GPUs, so
+/// a GPU NVIDIA's device plugin gave to a running pod is never prepared for a claim: `dra` and
+/// `both` by default. `node.dra.gpus: false` renders `--dra-gpus=false`, and in `dra` mode no
+/// longer mounts the socket (no device plugin can hold a published device there); `both` still
+/// needs it for its own device plugin's grants.
+#[test]
+fn the_pod_resources_socket_is_mounted_wherever_gpus_are_published() {
+    let Some(engine) = engine("the_pod_resources_socket_is_mounted_wherever_gpus_are_published")
+    else {
+        return;
+    };
+    let socket = "--pod-resources-socket=/var/lib/kubelet/pod-resources/kubelet.sock";
+    let mount = (
+        "/var/lib/kubelet/pod-resources".to_string(),
+        "/var/lib/kubelet/pod-resources".to_string(),
+        true,
+    );
+    for (mode, gpus, reads, off_flag) in [
+        ("dra", None, true, false),
+        ("dra", Some(true), true, false),
+        ("dra", Some(false), false, true),
+        ("both", Some(false), true, true),
+        ("devicePlugin", Some(false), false, false),
+    ] {
+        let mut values = json!({"node": {"mode": mode}});
+        if let Some(gpus) = gpus {
+            values["node"]["dra"] = json!({"gpus": gpus});
+        }
+        let objects = render(&engine, values);
+        let pod = pod_spec_of_daemonset(&node_daemonset(&objects));
+        let c = container(&pod, "device-plugin");
+        let args = c.args.clone().unwrap_or_default();
+        let case = format!("mode {mode}, gpus {gpus:?}");
+        assert_eq!(args.iter().any(|a| a == socket), reads, "{case}: {args:?}");
+        assert_eq!(
+            args.iter().any(|a| a == "--dra-gpus=false"),
+            off_flag,
+            "{case}: {args:?}"
+        );
+        let mounts = host_mounts(&pod, c);
+        assert_eq!(mounts.contains(&mount), reads, "{case}: {mounts:?}");
+        assert!(
+            mounts
+                .iter()
+                .all(|(m, _, ro)| *ro || !m.contains("pod-resources")),
+            "{case}: pod-resources is only ever read-only: {mounts:?}"
+        );
+        assert_eq!(
+            host_path_types(&pod)
+                .get("/var/lib/kubelet/pod-resources")
+                .map(String::as_str),
+            reads.then_some("Directory"),
+            "{case}"
+        );
     }
 }
 

@@ -119,6 +119,8 @@ fn schema_rejects_typos_and_out_of_range_values() {
             "serviceMonitor",
         ),
         (json!({"node": {"mode": "bogus"}}), "mode"),
+        (json!({"node": {"dra": {"gpus": "no"}}}), "gpus"),
+        (json!({"node": {"dra": {"gpu": false}}}), "gpu"),
         (
             json!({"node": {"hostPaths": {"cdi": "var/run/cdi"}}}),
             "cdi",

@@ -76,10 +76,14 @@ pub struct ServeArgs {
     /// DRA: where CDI specs of prepared claims are written (the container runtime reads them).
     #[arg(long, value_name = "DIR", default_value = rocefabric_dra::DEFAULT_CDI_DIR)]
     pub cdi_dir: PathBuf,
-    /// `both` mode: the kubelet's pod resources socket, to learn when device plugin grants end.
+    /// The kubelet's pod resources socket, to learn which devices device plugins granted to live
+    /// pods (ours in `both` mode, NVIDIA's GPUs in `dra` and `both`); read in `both` mode and in
+    /// `dra` mode with `--dra-gpus=true`.
     #[arg(long, value_name = "PATH", default_value = rocefabric_dra::DEFAULT_POD_RESOURCES_SOCKET)]
     pub pod_resources_socket: PathBuf,
     /// DRA: publish GPUs next to the HCAs (`false` where another DRA driver serves the GPUs).
+    /// Published GPUs are withheld while a device plugin grant holds them, and all of them while
+    /// the pod resources API cannot be read.
     #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
     pub dra_gpus: bool,
     /// Test hook: pause each DRA prepare this long after its checkpoint record is written.
@@ -124,7 +128,9 @@ impl ServeArgs {
             plugin_dir: self.dra_plugin_dir.clone(),
             registry_dir: self.dra_registry_dir.clone(),
             cdi_dir: self.cdi_dir.clone(),
-            pod_resources_socket: (self.mode == Mode::Both)
+            pod_resources_socket: self
+                .mode
+                .reads_grants(self.dra_gpus)
                 .then(|| self.pod_resources_socket.clone()),
             device_plugin: self.mode == Mode::Both,
             node_name,
@@ -142,9 +148,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let mut options = args.options()?;
     let mode = args.mode;
     let dra_options = mode.dra().then(|| args.dra_options(&options)).transpose()?;
-    // `both`: one ledger, filled from the DRA checkpoint before either side serves; the device
-    // plugin's grants are unknown until the kubelet's pod resources API answers.
-    let ledger = Arc::new(if mode == Mode::Both {
+    // One ledger, filled from the DRA checkpoint before either side serves (`both`). Where the
+    // daemon reads grants, they are unknown until the kubelet's pod resources API answers.
+    let ledger = Arc::new(if mode.reads_grants(args.dra_gpus) {
         Ledger::awaiting_grants()
     } else {
         Ledger::default()
@@ -222,4 +228,42 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         tokio::try_join!(device_plugin, dra)?;
         anyhow::Ok(())
     })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // tests fail loudly on the unexpected
+mod tests {
+    use clap::Parser;
+
+    use crate::cli::{Cli, Command};
+
+    fn dra_options(args: &[&str]) -> rocefabric_dra::driver::DraOptions {
+        let argv = ["rocefabric-device-plugin", "serve", "--node-name", "n"];
+        let cli = Cli::try_parse_from(argv.iter().chain(args)).unwrap();
+        let Command::Serve(serve) = cli.command else {
+            panic!("not serve");
+        };
+        serve.dra_options(&serve.options().unwrap()).unwrap()
+    }
+
+    #[test]
+    fn dra_mode_reads_grants_while_it_publishes_gpus() {
+        let socket = Some(std::path::PathBuf::from(
+            rocefabric_dra::DEFAULT_POD_RESOURCES_SOCKET,
+        ));
+        let dra = dra_options(&["--mode", "dra"]);
+        assert_eq!(dra.pod_resources_socket, socket);
+        assert!(dra.publish_gpus && !dra.device_plugin);
+        let no_gpus = dra_options(&["--mode", "dra", "--dra-gpus=false"]);
+        assert_eq!(no_gpus.pod_resources_socket, None);
+        assert!(!no_gpus.publish_gpus);
+        let both = dra_options(&["--mode", "both", "--dra-gpus=false"]);
+        assert_eq!(both.pod_resources_socket, socket);
+        assert!(both.device_plugin);
+        let custom = dra_options(&["--mode", "dra", "--pod-resources-socket", "/pr/k.sock"]);
+        assert_eq!(
+            custom.pod_resources_socket.as_deref(),
+            Some(std::path::Path::new("/pr/k.sock"))
+        );
+    }
 }

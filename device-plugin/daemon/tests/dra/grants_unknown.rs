@@ -2,39 +2,9 @@
 //! the device plugin serves is withheld from the slice and refused to a prepare; once it answers,
 //! they are free again.
 
-use rocefabric_kubelet_api::pb_pod_resources::pod_resources_lister_server::{
-    PodResourcesLister, PodResourcesListerServer,
-};
-use rocefabric_kubelet_api::pb_pod_resources::{ListPodResourcesRequest, ListPodResourcesResponse};
-use tokio_stream::wrappers::UnixListenerStream;
+use rocefabric_node_testing::pod_resources::PodResourcesEmulator;
 
 use super::*;
-
-/// The kubelet's pod resources API with no device plugin grants.
-struct NoGrants;
-
-#[tonic::async_trait]
-impl PodResourcesLister for NoGrants {
-    async fn list(
-        &self,
-        _: tonic::Request<ListPodResourcesRequest>,
-    ) -> Result<tonic::Response<ListPodResourcesResponse>, tonic::Status> {
-        Ok(tonic::Response::new(ListPodResourcesResponse::default()))
-    }
-}
-
-/// Serve [`NoGrants`] on `socket` until the handle is dropped.
-fn serve_pod_resources(socket: &Path) -> tokio::task::JoinHandle<()> {
-    std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
-    let listener = tokio::net::UnixListener::bind(socket).unwrap();
-    tokio::spawn(async move {
-        tonic::transport::Server::builder()
-            .add_service(PodResourcesListerServer::new(NoGrants))
-            .serve_with_incoming(UnixListenerStream::new(listener))
-            .await
-            .unwrap();
-    })
-}
 
 #[tokio::test]
 async fn while_grants_are_unknown_what_the_device_plugin_serves_is_withheld_and_refused() {
@@ -89,7 +59,7 @@ async fn while_grants_are_unknown_what_the_device_plugin_serves_is_withheld_and_
     );
 
     // The kubelet answers (no grants): the HCA and the GPU are free.
-    let server = serve_pod_resources(&socket);
+    let kubelet = PodResourcesEmulator::start(&socket).await.unwrap();
     let out = plugin::Preparer::prepare(&*driver, vec![claim("nic", "uid-3")]).await;
     assert_eq!(out["uid-3"].error, "");
     let out = plugin::Preparer::prepare(&*driver, vec![claim("gpu", "uid-2")]).await;
@@ -98,9 +68,7 @@ async fn while_grants_are_unknown_what_the_device_plugin_serves_is_withheld_and_
     assert!(driver.withheld(&setup.inventory).is_empty());
 
     // It goes away again (a kubelet restart): closed again.
-    server.abort();
-    let _ = server.await;
-    std::fs::remove_file(&socket).unwrap();
+    kubelet.stop();
     let u = plugin::Preparer::unprepare(&*driver, vec![claim("gpu", "uid-2")]).await;
     assert_eq!(u["uid-2"].error, "", "an unprepare needs no grants");
     let out = plugin::Preparer::prepare(&*driver, vec![claim("pair", "uid-1")]).await;

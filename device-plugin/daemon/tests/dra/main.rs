@@ -35,7 +35,9 @@ const NODE: &str = "node-a";
 
 mod admin_access;
 mod consistency;
+mod dra_gpus;
 mod grants_unknown;
+mod per_request;
 
 /// Claims by `namespace/name`, counting reads; reads of the names in `hung` never answer (an API
 /// server that does not respond).
@@ -275,48 +277,47 @@ async fn prepare_answers_cdi_ids_writes_the_spec_and_is_idempotent() {
     let answer = prepare(&mut client, vec![claim("pair", "uid-1")]).await;
     let response = &answer["uid-1"];
     assert_eq!(response.error, "");
-    let devices: BTreeMap<&str, (&[String], &[String])> = response
+    // One entry per device with its request's CDI device, then the whole-claim entry.
+    let entries: Vec<(&str, &[String], &[String])> = response
         .devices
         .iter()
         .map(|d| {
             assert_eq!(d.pool_name, NODE);
             (
                 d.device_name.as_str(),
-                (d.request_names.as_slice(), d.cdi_device_ids.as_slice()),
+                d.request_names.as_slice(),
+                d.cdi_device_ids.as_slice(),
             )
         })
         .collect();
+    let id = |name: &str| vec![format!("rocefabric.io/claim={name}")];
+    let whole = [rocefabric_dra::prepare::WHOLE_CLAIM_REQUEST.to_string()];
     assert_eq!(
-        devices[hca.as_str()],
-        (
-            &["hca".to_string()][..],
-            &[format!("rocefabric.io/claim=uid-1-{hca}")][..]
-        )
+        entries,
+        [
+            (gpu.as_str(), &["gpu".to_string()][..], &id("uid-1-gpu")[..]),
+            (hca.as_str(), &["hca".to_string()][..], &id("uid-1-hca")[..]),
+            (hca.as_str(), &whole[..], &id("uid-1")[..]),
+        ]
     );
-    assert_eq!(devices[gpu.as_str()].0, &["gpu".to_string()][..]);
 
-    // The spec on disk: one device per allocated device, the environment once.
+    // The spec on disk: a device per request, and the whole claim's environment.
     let spec = spec_json(&options.cdi_dir, "uid-1");
     assert_eq!(spec["cdiVersion"], "0.6.0");
     assert_eq!(spec["kind"], "rocefabric.io/claim");
-    let names: BTreeSet<&str> = spec["devices"]
+    let names: Vec<&str> = spec["devices"]
         .as_array()
         .unwrap()
         .iter()
         .map(|d| d["name"].as_str().unwrap())
         .collect();
-    assert_eq!(
-        names,
-        BTreeSet::from([
-            format!("uid-1-{gpu}").as_str(),
-            format!("uid-1-{hca}").as_str()
-        ])
-    );
-    let env = spec["containerEdits"]["env"].to_string();
+    assert_eq!(names, ["uid-1-gpu", "uid-1-hca", "uid-1"]);
+    let env = spec["devices"][2]["containerEdits"]["env"].to_string();
     assert!(
         env.contains("NCCL_IB_TC=106") && env.contains("NVIDIA_VISIBLE_DEVICES="),
         "{env}"
     );
+    assert!(spec.get("containerEdits").is_none(), "no spec-wide edits");
 
     // Again (the kubelet retries after a lost answer): the same answer, from the checkpoint.
     let reads = setup.claims.reads.load(Ordering::SeqCst);

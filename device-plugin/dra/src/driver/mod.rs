@@ -1,6 +1,7 @@
 //! DRA mode's loop: the [`NodeDriver`] that prepares and unprepares claims, the two sockets the
 //! kubelet talks to, and the node's `ResourceSlice` kept in step with the inventory, the fabric
-//! view and (in `both` mode) the device plugin's grants.
+//! view and device plugin grants (ours in `both` mode; the GPU resource's, NVIDIA's, wherever
+//! GPUs are published).
 
 mod run;
 
@@ -22,7 +23,7 @@ use tokio::sync::{Mutex, watch};
 use super::checkpoint::{
     self, Checkpoint, CheckpointError, ClaimRecord, ClaimState, PreparedDevice,
 };
-use super::devices::Listing;
+use super::devices::{self, Held, Listing};
 use super::ledger::Ledger;
 use super::prepare::{self, ClaimRef};
 use super::{CHECKPOINT_FILE_NAME, DRA_SOCKET_NAME, REGISTRATION_SOCKET_NAME, cdi, pod_resources};
@@ -32,6 +33,7 @@ use rocefabric_kubelet_api::pb_dra_v1::{
 };
 use rocefabric_kubelet_api::socket::SocketError;
 use rocefabric_node_model::config::Config;
+use rocefabric_node_model::fabric_view::FabricView;
 use rocefabric_node_model::model::Inventory;
 
 type Labels = Vec<(&'static str, String)>;
@@ -49,8 +51,8 @@ pub struct DraMetrics {
     pub slice_writes: Counter,
     /// Claims in the checkpoint.
     pub prepared_claims: Gauge,
-    /// `both` mode: 1 while the device plugin's grants are known (the pod resources API was
-    /// read), 0 while they are not and the devices it serves are withheld.
+    /// 1 while device plugin grants are known (the pod resources API was read, or is not read
+    /// at all), 0 while they are not and the devices a device plugin may hold are withheld.
     pub grants_known: Gauge,
 }
 
@@ -121,7 +123,9 @@ pub struct DraOptions {
     /// Where CDI specs are written.
     pub cdi_dir: PathBuf,
     /// The kubelet's pod resources socket, to learn device plugin grants: ours in `both` mode,
-    /// and the GPU resource's plugin's (NVIDIA's) whenever GPUs are published.
+    /// and the GPU resource's plugin's (NVIDIA's) whenever GPUs are published. With it, the
+    /// ledger must start as [`Ledger::awaiting_grants`]: nothing a device plugin may hold is
+    /// published or prepared before the first answer.
     pub pod_resources_socket: Option<PathBuf>,
     /// Whether our device plugin serves beside the driver (`both` mode).
     pub device_plugin: bool,
@@ -281,9 +285,10 @@ impl<C: ClaimSource> NodeDriver<C> {
         Ok(())
     }
 
-    /// Ask the kubelet which device plugin grants live pods hold (`both` mode). Fails closed:
-    /// while the answer is unknown, every device the device plugin serves counts as held.
-    async fn refresh_grants(&self) {
+    /// Ask the kubelet which device plugin grants live pods hold (when a pod resources socket is
+    /// given). Fails closed: while the answer is unknown, every device a device plugin may have
+    /// granted counts as held.
+    pub async fn refresh_grants(&self) {
         let Some(socket) = &self.options.pod_resources_socket else {
             return;
         };
@@ -301,21 +306,37 @@ impl<C: ClaimSource> NodeDriver<C> {
             }
             Err(error) => {
                 tracing::warn!(%error,
-                    "device plugin grants unknown: withholding every device the device plugin serves");
+                    "device plugin grants unknown: withholding every device a device plugin may hold");
                 self.ledger.grants_lost();
                 self.options.metrics.grants_known.set(0);
             }
         }
     }
 
-    /// The devices withheld because the device plugin may have granted them without our
-    /// knowing: those it serves while its grants are unknown, none otherwise.
+    /// The devices withheld because a device plugin may have granted them without our knowing:
+    /// while grants are unknown, every GPU and (in `both` mode) what our device plugin serves;
+    /// none otherwise.
     pub fn withheld(&self, inventory: &Inventory) -> BTreeSet<String> {
         if self.ledger.grants_known() {
             BTreeSet::new()
         } else {
             pod_resources::may_be_granted(inventory, &self.config, self.options.device_plugin)
         }
+    }
+
+    /// What device plugins hold or may hold now: the ledger's live and pending grants, and what
+    /// is withheld while grants are unknown.
+    pub fn held(&self, inventory: &Inventory) -> Held {
+        Held {
+            granted: self.ledger.granted(std::time::Instant::now()),
+            unknown: self.withheld(inventory),
+        }
+    }
+
+    /// The node's devices as the slice lists them: published, or withdrawn with the reason.
+    pub fn listing(&self, inventory: &Inventory, view: &FabricView) -> Listing {
+        let held = self.held(inventory);
+        devices::listing(inventory, view, self.options.publish_gpus, &held)
     }
 
     /// The answer of a claim already prepared (its record says so and its spec is on disk).
@@ -378,6 +399,7 @@ impl<C: ClaimSource> NodeDriver<C> {
             name: claim.name.clone(),
             state: ClaimState::Preparing,
             devices: plan.devices,
+            whole_claim: plan.whole_claim,
         };
         let had_record = checkpoint.claims.contains_key(&claim.uid);
         if let Err(error) = self.commit(&mut checkpoint, &claim.uid, Some(record.clone())) {
@@ -446,18 +468,22 @@ fn owned_devices(devices: &[PreparedDevice]) -> BTreeSet<String> {
         .collect()
 }
 
-/// The kubelet's answer for a record.
-fn answer(record: &ClaimRecord) -> Vec<Device> {
-    record
-        .devices
-        .iter()
-        .map(|d| Device {
-            request_names: d.request_names.clone(),
-            pool_name: d.pool.clone(),
-            device_name: d.device.clone(),
-            cdi_device_ids: d.cdi_device_ids.clone(),
-        })
-        .collect()
+/// The kubelet's answer for a record: its devices, then the whole-claim entry (last, so its
+/// environment is the one a container given the whole claim keeps).
+pub fn answer(record: &ClaimRecord) -> Vec<Device> {
+    let devices = record.devices.iter().map(|d| Device {
+        request_names: d.request_names.clone(),
+        pool_name: d.pool.clone(),
+        device_name: d.device.clone(),
+        cdi_device_ids: d.cdi_device_ids.clone(),
+    });
+    let whole_claim = record.whole_claim.iter().map(|w| Device {
+        request_names: w.request_names.clone(),
+        pool_name: w.pool.clone(),
+        device_name: w.device.clone(),
+        cdi_device_ids: w.cdi_device_ids.clone(),
+    });
+    devices.chain(whole_claim).collect()
 }
 
 fn claim_ref(claim: Claim) -> ClaimRef {

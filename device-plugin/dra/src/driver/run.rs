@@ -17,13 +17,13 @@ use tokio::time::Instant;
 
 use super::{ClaimSource, DraError, DraMetrics, DraOptions, Ledger, NodeDriver, NodeView};
 use crate::DRIVER_NAME;
-use crate::devices::{self, Held, Listing};
+use crate::devices::Listing;
 use crate::publish::SlicePublisher;
 
 /// How often the slice is read back from the API server even when nothing changed here (someone
 /// may have deleted it: the kubelet wipes a driver's slices when the driver goes away).
 const SLICE_RECHECK: Duration = Duration::from_secs(30);
-/// How often the sockets are checked and the pod resources API is asked (`both` mode).
+/// How often the sockets are checked and the pod resources API is asked (when it is read).
 const HOUSEKEEPING: Duration = Duration::from_secs(5);
 
 fn serve_dra<C: ClaimSource>(
@@ -140,11 +140,7 @@ pub async fn run(
             *current = node_view(&inventory, &view);
             true
         });
-        let held = Held {
-            granted: ledger.granted(std::time::Instant::now()),
-            unknown: driver.withheld(&inventory),
-        };
-        let listing = devices::listing(&inventory, &view, options.publish_gpus, &held);
+        let listing = driver.listing(&inventory, &view);
         slice.publish(&listing, &options.metrics).await;
     }
     tracing::info!("DRA driver shutting down");
@@ -178,7 +174,7 @@ impl Sockets {
         let reg = Some(serve_registration(&reg_socket, &dra_socket, &registered)?);
         tracing::info!(node = %options.node_name, dra_socket = %dra_socket.display(),
             registration_socket = %reg_socket.display(), cdi_dir = %options.cdi_dir.display(),
-            both = options.pod_resources_socket.is_some(), "DRA driver serving");
+            reads_grants = options.pod_resources_socket.is_some(), "DRA driver serving");
         let sockets = Self {
             dra_socket,
             reg_socket,
