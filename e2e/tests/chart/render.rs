@@ -255,3 +255,36 @@ fn notes_tell_the_user_what_to_apply_next() {
             .exists()
     );
 }
+
+#[test]
+fn the_vm_workers_values_file_puts_the_daemon_on_the_workers_only() {
+    let Some(engine) = engine("the_vm_workers_values_file_puts_the_daemon_on_the_workers_only")
+    else {
+        return;
+    };
+    // The README's values for `e2e/cluster/up --workers N` pass the schema and say what they mean.
+    let file = workspace_root().join("examples/values/vm-workers.yaml");
+    let text = std::fs::read_to_string(&file).expect("the values file");
+    let values: Value = yaml_serde::from_str(&text).expect("YAML");
+    let objects = render(&engine, values);
+    let pod = crate::helpers::pod_spec_of_daemonset(&crate::helpers::node_daemonset(&objects));
+    let selector = pod.node_selector.clone().unwrap_or_default();
+    assert_eq!(
+        selector.get("rocefabric.io/vm-worker").map(String::as_str),
+        Some("true")
+    );
+    let tolerations = pod.tolerations.clone().unwrap_or_default();
+    assert!(
+        tolerations
+            .iter()
+            .any(|t| t.key.as_deref() == Some("rocefabric.io/vm-worker")
+                && t.effect.as_deref() == Some("NoSchedule")),
+        "{tolerations:?}"
+    );
+    let config = of_kind(&objects, "ConfigMap")
+        .into_iter()
+        .map(|c| c.to_string())
+        .find(|c| c.contains("softRoce"))
+        .expect("the node config");
+    assert!(config.contains("softRoce: include"), "{config}");
+}

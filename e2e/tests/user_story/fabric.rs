@@ -13,7 +13,7 @@ use crate::kube::{
 /// The README's values file for VM workers: images from the node's store, the daemon only on the
 /// workers (tolerating their taint), rxe served (`softRoce: include`), two pods per HCA.
 pub fn values_file() -> String {
-    let path = workspace_root().join("examples/values-vm-workers.yaml");
+    let path = workspace_root().join("examples/values/vm-workers.yaml");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let values: Value = yaml_serde::from_str(&text).expect("the values file is YAML");
     assert_eq!(
