@@ -21,7 +21,10 @@
 #   between the VMs' rxe0 devices there; the fabric's QoS (MTU) is applied to it.
 # Each worker has a qemu monitor socket ($STATE/workers/rfe2e-wI/monitor.sock): `set_link fabric
 # off` pulls the fabric NIC's cable (the node stays reachable over eth0), `set_link fabric on`
-# plugs it back.
+# plugs it back. Who may cross what: $STATE/workers/ is root's alone (0700: the node's private keys
+# in its layer and initrd, and the monitor socket); the VM writes only its log directory on the
+# host (9p), reads the binaries and images read-only; from the cluster bridge it reaches what the
+# host node's pods reach (the API server and kubelet ports, both authenticated).
 
 WORKER_PREFIX=rfe2e-w
 FABRIC_TAP_PREFIX=rfe2e-f
@@ -81,7 +84,10 @@ worker_layer() { # INDEX COUNT
   dir=$STATE/workers/$name/layer
   conf=$dir/etc/rocefabric-worker
   rm -rf "$dir"
-  mkdir -p "$conf/pki"
+  # Root only: the layer and the initrd hold the node's private keys, and the monitor socket
+  # beside them controls the VM.
+  mkdir -p "$STATE/workers/$name" "$conf/pki"
+  chmod 700 "$STATE/workers" "$STATE/workers/$name"
   for j in $(seq "$count"); do
     [ "$j" = "$i" ] || routes+="$(worker_pod_cidr "$j")@$(worker_ip "$j") "
   done

@@ -44,9 +44,32 @@ fn monitor(story: &Story, worker: &str, command: &str) {
     std::thread::sleep(Duration::from_millis(300));
 }
 
+/// The monitor is root's alone: an unprivileged user cannot even reach its directory.
+fn monitor_refuses_others(story: &Story, worker: &str) {
+    let dir = story.local.worker_monitor(worker);
+    let dir = dir.parent().expect("the worker's directory");
+    let out = std::process::Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--",
+            "ls",
+        ])
+        .arg(dir)
+        .output()
+        .expect("setpriv (util-linux)");
+    assert!(
+        !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("Permission denied"),
+        "nobody must not reach {}: {out:?}",
+        dir.display()
+    );
+}
+
 pub fn link_down_drops_allocatable(story: &mut Story) {
     let node = story.workers[1].clone();
     let other = story.workers[0].clone();
+    monitor_refuses_others(story, &node);
     let before = allocatable(story, &node).expect("rdma/hca allocatable");
     assert_eq!(before, "2", "{node}: one rxe, shared by two pods");
 
