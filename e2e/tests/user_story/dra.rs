@@ -1,6 +1,7 @@
-//! Step 7: DRA mode on the same workers. `helm upgrade --set node.mode=dra`; each worker publishes
-//! a ResourceSlice with its rxe; a ResourceClaim of class `hca.rocefabric.io` gets it through CDI,
-//! and its pod, in the fabric with a window, reads a peer's window on the other node with
+//! Step 7: DRA mode on the same workers. `helm upgrade --set node.mode=dra`; the first worker's
+//! ResourceSlice withholds its rxe while device plugin pods (a1, a2) still hold it, and publishes it
+//! once they are gone; a ResourceClaim of class `hca.rocefabric.io` gets it through CDI, and its
+//! pod, in the fabric with a window, reads a peer's window on the other node with
 //! `rocefabric-dsm probe`.
 
 use rocefabric_e2e::workspace_root;
@@ -27,26 +28,45 @@ pub fn claim_gets_rxe_through_cdi(story: &mut Story) {
         "node.mode=dra",
     ]);
     let node = story.workers[0].clone();
+    // One device, one owner: while a1 and a2 (device plugin pods) hold the first worker's rxe0,
+    // its slice withholds it from claims; once they are gone it is published.
+    let rxe_in_slice = |story: &Story| -> Option<bool> {
+        let slices: Value = serde_json::from_str(
+            &story
+                .try_kubectl(&["get", "resourceslices", "-o", "json"])
+                .ok()?,
+        )
+        .ok()?;
+        let slice = slices["items"].as_array()?.iter().find(|s| {
+            s["spec"]["driver"] == "rocefabric.io" && s["spec"]["nodeName"] == node.as_str()
+        })?;
+        Some(slice["spec"]["devices"].to_string().contains("rxe0"))
+    };
     eventually(
-        &format!("a ResourceSlice of rocefabric.io on {node} with rxe0"),
+        &format!("{node}'s ResourceSlice, rxe0 withheld while device plugin pods hold it"),
         WAIT,
-        || {
-            let slices: Value = serde_json::from_str(
-                &story
-                    .try_kubectl(&["get", "resourceslices", "-o", "json"])
-                    .ok()?,
-            )
-            .ok()?;
-            slices["items"]
-                .as_array()?
-                .iter()
-                .find(|s| {
-                    s["spec"]["driver"] == "rocefabric.io"
-                        && s["spec"]["nodeName"] == node.as_str()
-                        && s.to_string().contains("rxe0")
-                })
-                .map(drop)
-        },
+        || (!rxe_in_slice(story)?).then_some(()),
+    );
+    std::thread::sleep(std::time::Duration::from_secs(5));
+    assert_eq!(
+        rxe_in_slice(story),
+        Some(false),
+        "rxe0 stays withheld while a1 and a2 run"
+    );
+    story.kubectl(&[
+        "delete",
+        "pod",
+        "-n",
+        APPS,
+        "a1",
+        "a2",
+        "--wait=true",
+        "--timeout=120s",
+    ]);
+    eventually(
+        &format!("{node}'s ResourceSlice publishes rxe0 once its holders are gone"),
+        WAIT,
+        || rxe_in_slice(story)?.then_some(()),
     );
 
     story.apply(&json!({
