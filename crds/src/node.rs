@@ -199,6 +199,20 @@ pub struct KnobStatus {
     pub error: Option<String>,
 }
 
+impl KnobStatus {
+    /// A knob's outcome with nothing else said (no mechanism, values or error).
+    pub fn new(knob: Knob, outcome: KnobOutcome) -> KnobStatus {
+        KnobStatus {
+            knob,
+            outcome,
+            mechanism: None,
+            desired: None,
+            observed: None,
+            error: None,
+        }
+    }
+}
+
 impl KnobOutcome {
     /// The knob holds now (applied or already correct).
     pub fn holds(self) -> bool {

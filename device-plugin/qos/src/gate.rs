@@ -143,14 +143,7 @@ mod tests {
     };
 
     fn knob(knob: Knob, outcome: KnobOutcome) -> KnobStatus {
-        KnobStatus {
-            knob,
-            outcome,
-            mechanism: None,
-            desired: None,
-            observed: None,
-            error: None,
-        }
+        KnobStatus::new(knob, outcome)
     }
 
     fn node(generation: i64, observed: i64, interfaces: Vec<InterfaceStatus>) -> RoceNode {

@@ -81,14 +81,7 @@ mod tests {
     use super::*;
 
     fn knob(knob: Knob, outcome: KnobOutcome) -> KnobStatus {
-        KnobStatus {
-            knob,
-            outcome,
-            mechanism: None,
-            desired: None,
-            observed: None,
-            error: None,
-        }
+        KnobStatus::new(knob, outcome)
     }
 
     /// What Soft-RoCE on virtio-net reports (measured in the VM suite): no DCB, no ECN or CNP

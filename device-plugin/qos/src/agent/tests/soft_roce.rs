@@ -11,12 +11,8 @@ use rocefabric_node_testing::fixtures::FixtureNode;
 
 fn knob(knob: Knob, outcome: KnobOutcome, error: Option<&str>) -> KnobStatus {
     KnobStatus {
-        knob,
-        outcome,
-        mechanism: None,
-        desired: None,
-        observed: None,
         error: error.map(str::to_string),
+        ..KnobStatus::new(knob, outcome)
     }
 }
 

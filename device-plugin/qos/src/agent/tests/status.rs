@@ -7,12 +7,8 @@ use rocefabric_api::{Knob, KnobOutcome, KnobStatus, LossySoftRoce};
 #[test]
 fn conditions_name_the_reason() {
     let knob = |k: Knob, o: KnobOutcome, e: Option<&str>| KnobStatus {
-        knob: k,
-        outcome: o,
-        mechanism: None,
-        desired: None,
-        observed: None,
         error: e.map(str::to_string),
+        ..KnobStatus::new(k, o)
     };
     let iface = |name: &str, link: &str, knobs: Vec<KnobStatus>| InterfaceStatus {
         netdev: name.into(),
