@@ -164,7 +164,6 @@ fn optional_parts_follow_their_toggles() {
         assert_eq!(m["metadata"]["labels"]["release"], "prom");
         // Each selects a Service the chart renders, on a port that Service has.
         let selector = m["spec"]["selector"]["matchLabels"].clone();
-        let port = m["spec"]["endpoints"][0]["port"].clone();
         let service = of_kind(&on, "Service")
             .into_iter()
             .find(|s| {
@@ -174,14 +173,49 @@ fn optional_parts_follow_their_toggles() {
                     .is_some_and(|sel| sel.iter().all(|(k, v)| &labels[k] == v))
             })
             .unwrap_or_else(|| panic!("{} selects no Service", object_ref(m)));
-        assert!(
-            service["spec"]["ports"]
+        // The pods behind the Service, and the names of their containers' ports.
+        let workload = ["Deployment", "DaemonSet"]
+            .into_iter()
+            .flat_map(|k| of_kind(&on, k))
+            .find(|w| {
+                let labels = &w["spec"]["template"]["metadata"]["labels"];
+                selector
+                    .as_object()
+                    .is_some_and(|sel| sel.iter().all(|(k, v)| &labels[k] == v))
+            })
+            .unwrap_or_else(|| panic!("{} selects no workload", object_ref(m)));
+        let container_ports: Vec<&Value> = workload["spec"]["template"]["spec"]["containers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|c| c["ports"].as_array().into_iter().flatten())
+            .map(|p| &p["name"])
+            .collect();
+        let endpoints = m["spec"]["endpoints"].as_array().expect("endpoints");
+        for port in endpoints.iter().map(|e| &e["port"]) {
+            let service_port = service["spec"]["ports"]
                 .as_array()
-                .is_some_and(|ps| ps.iter().any(|p| p["name"] == port)),
-            "{} scrapes port {port} that {} lacks",
-            object_ref(m),
-            object_ref(service)
-        );
+                .and_then(|ps| ps.iter().find(|p| p["name"] == *port))
+                .unwrap_or_else(|| {
+                    panic!(
+                        "{} scrapes port {port} that {} lacks",
+                        object_ref(m),
+                        object_ref(service)
+                    )
+                });
+            assert!(
+                container_ports.contains(&&service_port["targetPort"]),
+                "{} targets {} that no container of {} names",
+                object_ref(service),
+                service_port["targetPort"],
+                object_ref(workload)
+            );
+        }
+        if workload["kind"] == "DaemonSet" {
+            // Both containers' metrics: the device plugin's and the QoS agent's.
+            let ports: Vec<&Value> = endpoints.iter().map(|e| &e["port"]).collect();
+            assert_eq!(ports, [&json!("dp-metrics"), &json!("metrics")]);
+        }
     }
     let policies = of_kind(&on, "NetworkPolicy");
     assert_eq!(policies.len(), 1);
