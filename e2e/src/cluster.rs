@@ -150,15 +150,25 @@ impl LocalCluster {
         Command::new(self.bin.join("grpcurl"))
     }
 
+    /// Stop one component and leave it stopped (`e2e/cluster/up --stop NAME`) until
+    /// [`LocalCluster::restart`] starts it again.
+    pub fn stop(&self, component: &str) -> Result<(), String> {
+        self.up(&["--stop", component])
+    }
+
     /// Stop one component and start it again (`e2e/cluster/up --restart NAME`); returns when the
     /// node is Ready again.
     pub fn restart(&self, component: &str) -> Result<(), String> {
+        self.up(&["--restart", component])
+    }
+
+    fn up(&self, args: &[&str]) -> Result<(), String> {
         let up = workspace_root().join("e2e/cluster/up");
         let out = Command::new(&up)
-            .args(["--restart", component])
+            .args(args)
             .output()
             .map_err(|e| format!("{}: {e}", up.display()))?;
-        check(&out, &format!("up --restart {component}"))
+        check(&out, &format!("up {}", args.join(" ")))
     }
 
     /// The chart values that point the node DaemonSet at this node's fake hardware and the

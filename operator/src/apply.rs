@@ -361,20 +361,13 @@ impl Executor {
                 pod: pod.to_string(),
             });
         }
-        // The uid test binds the removal to the pod just read: a pod deleted and created again
-        // under the same name in between (with no window yet) keeps its gate.
+        // Bound to the pod just read: see `gate_removal_patch`.
         let uid = current.metadata.uid.clone().unwrap_or_default();
-        let ops = json!([
-            { "op": "test", "path": "/metadata/uid", "value": uid },
-            { "op": "test", "path": format!("/spec/schedulingGates/{index}/name"), "value": REGION_SCHEDULING_GATE },
-            { "op": "remove", "path": format!("/spec/schedulingGates/{index}") },
-        ]);
-        let patch: json_patch::Patch =
-            serde_json::from_value(ops).map_err(|source| ApplyError::Body {
-                op: "gate removal",
-                target: target(),
-                source,
-            })?;
+        let patch = gate_removal_patch(&uid, index).map_err(|source| ApplyError::Body {
+            op: "gate removal",
+            target: target(),
+            source,
+        })?;
         api.patch(pod, &managed_patch(), &Patch::<()>::Json(patch))
             .await
             .map_err(|source| ApplyError::Api {
@@ -385,4 +378,16 @@ impl Executor {
         tracing::info!(%namespace, %pod, gate = REGION_SCHEDULING_GATE, "removed scheduling gate");
         Ok(Outcome::Done)
     }
+}
+
+/// The JSON patch that removes our scheduling gate at `index` from the pod whose uid is `uid`.
+/// Its `test` operations make the API server refuse it (422) when the pod named is no longer that
+/// pod (deleted and created again under the same name, with no window yet) or the gate moved, so
+/// the removal never lands on another pod or another gate.
+pub fn gate_removal_patch(uid: &str, index: usize) -> Result<json_patch::Patch, serde_json::Error> {
+    serde_json::from_value(json!([
+        { "op": "test", "path": "/metadata/uid", "value": uid },
+        { "op": "test", "path": format!("/spec/schedulingGates/{index}/name"), "value": REGION_SCHEDULING_GATE },
+        { "op": "remove", "path": format!("/spec/schedulingGates/{index}") },
+    ]))
 }

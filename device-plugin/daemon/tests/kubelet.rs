@@ -7,78 +7,24 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rocefabric_h2_authority::frame;
-use rocefabric_kubelet_api::device_plugin::{
-    BackendError, DeviceBackend, PluginServer, plugin_options,
-};
+use rocefabric_kubelet_api::device_plugin::{PluginServer, plugin_options};
 use rocefabric_kubelet_api::registration::{self, RegistrationError};
 use rocefabric_kubelet_api::{self as kubelet, pb};
+use rocefabric_node_testing::fixed_plugin::FixedBackend;
 use rocefabric_node_testing::fixtures;
 use rocefabric_node_testing::kubelet_emulator::{EmulatorError, KubeletEmulator};
-use tokio::sync::watch;
 
 const WAIT: Duration = Duration::from_secs(5);
 const RESOURCE: &str = "example.com/fake";
 
-/// A backend with a settable device list; allocation echoes the IDs.
-struct Fake {
-    devices: watch::Sender<Vec<pb::Device>>,
-}
-
-impl Fake {
-    fn new(ids: &[&str]) -> Arc<Self> {
-        let list = ids
-            .iter()
-            .map(|id| kubelet::device(*id, true, Some(0)))
-            .collect();
-        Arc::new(Self {
-            devices: watch::Sender::new(list),
-        })
-    }
-}
-
-impl DeviceBackend for Fake {
-    fn resource_name(&self) -> &str {
-        RESOURCE
-    }
-
-    fn devices(&self) -> watch::Receiver<Vec<pb::Device>> {
-        self.devices.subscribe()
-    }
-
-    fn preferred_allocation(
-        &self,
-        available: &[String],
-        must_include: &[String],
-        size: usize,
-    ) -> Result<Vec<String>, BackendError> {
-        let mut out = must_include.to_vec();
-        out.extend(
-            available
-                .iter()
-                .filter(|id| !must_include.contains(id))
-                .cloned(),
-        );
-        out.truncate(size.max(must_include.len()));
-        Ok(out)
-    }
-
-    fn allocate(&self, ids: &[String]) -> Result<pb::ContainerAllocateResponse, BackendError> {
-        let known = self.devices.borrow();
-        if let Some(id) = ids.iter().find(|id| !known.iter().any(|d| &d.id == *id)) {
-            return Err(BackendError::UnknownDevice {
-                resource: RESOURCE.into(),
-                id: id.clone(),
-            });
-        }
-        let mut response = pb::ContainerAllocateResponse::default();
-        response.envs.insert("FAKE_IDS".into(), ids.join(","));
-        Ok(response)
-    }
+/// A backend over `ids`; allocation echoes the IDs in `FAKE_IDS`.
+fn fake(ids: &[&str]) -> Arc<FixedBackend> {
+    FixedBackend::new(RESOURCE, ids, Some(0), "FAKE_IDS")
 }
 
 async fn serve_and_register(
     dir: &std::path::Path,
-    backend: Arc<Fake>,
+    backend: Arc<FixedBackend>,
 ) -> (KubeletEmulator, PluginServer) {
     let kubelet = KubeletEmulator::start(dir).await.expect("emulator");
     let endpoint = kubelet::socket_file_name(RESOURCE);
@@ -124,7 +70,7 @@ async fn the_emulator_refuses_bad_versions_and_resource_names() {
     let dir = fixtures::tempdir().expect("temp dir");
     let kubelet = KubeletEmulator::start(dir.path()).await.expect("emulator");
     let endpoint = kubelet::socket_file_name(RESOURCE);
-    let _server = PluginServer::start(&dir.path().join(&endpoint), Fake::new(&["a"]))
+    let _server = PluginServer::start(&dir.path().join(&endpoint), fake(&["a"]))
         .await
         .expect("serve");
 
@@ -149,7 +95,7 @@ async fn the_emulator_refuses_bad_versions_and_resource_names() {
 #[tokio::test]
 async fn list_and_watch_sends_the_full_list_then_every_change() {
     let dir = fixtures::tempdir().expect("temp dir");
-    let backend = Fake::new(&["a", "b"]);
+    let backend = fake(&["a", "b"]);
     let (kubelet, server) = serve_and_register(dir.path(), Arc::clone(&backend)).await;
     let devices = kubelet
         .snapshot()
@@ -166,9 +112,7 @@ async fn list_and_watch_sends_the_full_list_then_every_change() {
     let topology = devices[0].topology.as_ref().expect("topology");
     assert_eq!(topology.nodes[0].id, 0);
 
-    backend
-        .devices
-        .send_modify(|list| list[1].health = "Unhealthy".into());
+    backend.update(|list| list[1].health = "Unhealthy".into());
     let devices = kubelet
         .wait_for_devices(RESOURCE, WAIT, |d| {
             d.len() == 2 && d[1].health == "Unhealthy"
@@ -180,9 +124,7 @@ async fn list_and_watch_sends_the_full_list_then_every_change() {
         "the full list is sent, not a delta"
     );
 
-    backend
-        .devices
-        .send_modify(|list| list.push(kubelet::device("c", true, None)));
+    backend.update(|list| list.push(kubelet::device("c", true, None)));
     kubelet
         .wait_for_devices(RESOURCE, WAIT, |d| d.len() == 3)
         .await
@@ -194,7 +136,7 @@ async fn list_and_watch_sends_the_full_list_then_every_change() {
 #[tokio::test]
 async fn options_pre_start_preferred_and_allocate_over_the_socket() {
     let dir = fixtures::tempdir().expect("temp dir");
-    let (kubelet, server) = serve_and_register(dir.path(), Fake::new(&["a", "b", "c"])).await;
+    let (kubelet, server) = serve_and_register(dir.path(), fake(&["a", "b", "c"])).await;
     let mut client = kubelet.client(RESOURCE).await.expect("client");
 
     let options = client
@@ -266,7 +208,7 @@ async fn options_pre_start_preferred_and_allocate_over_the_socket() {
 #[tokio::test]
 async fn stopping_a_server_ends_its_stream_and_removes_its_socket() {
     let dir = fixtures::tempdir().expect("temp dir");
-    let (kubelet, server) = serve_and_register(dir.path(), Fake::new(&["a"])).await;
+    let (kubelet, server) = serve_and_register(dir.path(), fake(&["a"])).await;
     let socket = server.socket_path().to_path_buf();
     assert!(socket.exists());
     tokio::time::timeout(WAIT, server.stop())
@@ -284,7 +226,7 @@ async fn a_server_replaces_a_stale_socket_file() {
     let dir = fixtures::tempdir().expect("temp dir");
     let socket = dir.path().join(kubelet::socket_file_name(RESOURCE));
     drop(std::os::unix::net::UnixListener::bind(&socket).expect("stale socket"));
-    let server = PluginServer::start(&socket, Fake::new(&["a"]))
+    let server = PluginServer::start(&socket, fake(&["a"]))
         .await
         .expect("serve over stale");
     assert!(server.is_running());
@@ -294,7 +236,7 @@ async fn a_server_replaces_a_stale_socket_file() {
 #[tokio::test]
 async fn the_emulator_restart_deletes_every_socket_and_serves_a_new_kubelet_sock() {
     let dir = fixtures::tempdir().expect("temp dir");
-    let (mut kubelet, server) = serve_and_register(dir.path(), Fake::new(&["a"])).await;
+    let (mut kubelet, server) = serve_and_register(dir.path(), fake(&["a"])).await;
     let mut watcher =
         kubelet::watcher::DirWatcher::start(dir.path(), kubelet.socket_path()).expect("watch");
     kubelet.restart().await.expect("restart");
@@ -322,7 +264,7 @@ async fn the_emulator_restart_deletes_every_socket_and_serves_a_new_kubelet_sock
 
     // The new kubelet accepts a plugin that serves again.
     let endpoint = kubelet::socket_file_name(RESOURCE);
-    let server = PluginServer::start(&dir.path().join(&endpoint), Fake::new(&["a"]))
+    let server = PluginServer::start(&dir.path().join(&endpoint), fake(&["a"]))
         .await
         .expect("serve");
     registration::register(
@@ -368,7 +310,7 @@ async fn clients_that_send_the_socket_path_as_authority_are_served() {
     // grpcurl, grpcio and grpc-java send `:authority: <socket path>`, which h2 alone resets.
     let dir = fixtures::tempdir().expect("temp dir");
     let socket = dir.path().join(kubelet::socket_file_name(RESOURCE));
-    let server = PluginServer::start(&socket, Fake::new(&["a"]))
+    let server = PluginServer::start(&socket, fake(&["a"]))
         .await
         .expect("serve");
     let authority = socket.to_str().expect("UTF-8 path");
@@ -413,7 +355,7 @@ async fn clients_that_send_the_socket_path_as_authority_are_served() {
 #[tokio::test]
 async fn a_valid_authority_passes_and_the_kubelet_client_still_works() {
     let dir = fixtures::tempdir().expect("temp dir");
-    let (kubelet, server) = serve_and_register(dir.path(), Fake::new(&["a"])).await;
+    let (kubelet, server) = serve_and_register(dir.path(), fake(&["a"])).await;
     let mut client = raw_h2::Client::connect(server.socket_path()).await;
     for (stream, authority) in [(1, "localhost"), (3, "localhost:1234")] {
         let block = client.request_block(raw_h2::OPTIONS_PATH, authority);
@@ -428,7 +370,7 @@ async fn a_valid_authority_passes_and_the_kubelet_client_still_works() {
 #[tokio::test]
 async fn garbage_closes_that_connection_and_the_server_serves_on() {
     let dir = fixtures::tempdir().expect("temp dir");
-    let (kubelet, server) = serve_and_register(dir.path(), Fake::new(&["a"])).await;
+    let (kubelet, server) = serve_and_register(dir.path(), fake(&["a"])).await;
     let socket = server.socket_path().to_path_buf();
 
     // Not HTTP/2 at all.

@@ -73,6 +73,15 @@ async fn resource_counts(
     ))
 }
 
+/// Wait until `node`'s allocatable `resource` is `want`, whatever its capacity.
+pub(crate) async fn wait_allocatable(client: &Client, node: &str, resource: &str, want: i64) {
+    eventually(&format!("{resource} allocatable {want}"), || async {
+        let (_, got) = resource_counts(client, node, resource).await?;
+        (got == want).then_some(()).ok_or(got.to_string())
+    })
+    .await;
+}
+
 async fn wait_counts(client: &Client, node: &str, resource: &str, want: (i64, i64), what: &str) {
     eventually(
         &format!("{what}: {resource} capacity/allocatable {want:?}"),

@@ -17,6 +17,7 @@ use rocefabric_dra::devices::{PCIE_ROOT_ATTRIBUTE, gpu_device_name, hca_device_n
 use rocefabric_e2e::cluster::{FABRIC_NETDEVS, LocalCluster};
 use rocefabric_e2e::workspace_root;
 use rocefabric_node_model::model::{Health, Inventory};
+use rocefabric_node_model::topology::PciChain;
 use rocefabric_node_testing::fixtures;
 use serde_json::{Value, json};
 
@@ -269,15 +270,17 @@ pub(crate) fn assert_exactly(
         .unwrap_or_default();
     env_pci.sort();
     assert_eq!(env_pci, pci, "PCIDEVICE_ROCEFABRIC_IO: {logs}");
-    let visible = seen
+    // Each GPU by its UUID (the NVIDIA container toolkit's name for it), else its index.
+    let want_visible: BTreeSet<String> = gpus
+        .iter()
+        .map(|g| g.uuid.clone().unwrap_or_else(|| g.index.to_string()))
+        .collect();
+    let visible: BTreeSet<String> = seen
         .env
         .get("NVIDIA_VISIBLE_DEVICES")
-        .map(|v| v.split(',').count());
-    assert_eq!(
-        visible.unwrap_or(0),
-        gpus.len(),
-        "NVIDIA_VISIBLE_DEVICES: {logs}"
-    );
+        .map(|v| v.split(',').map(String::from).collect())
+        .unwrap_or_default();
+    assert_eq!(visible, want_visible, "NVIDIA_VISIBLE_DEVICES: {logs}");
 }
 
 pub(crate) fn cdi_spec_path(local: &LocalCluster, claim_uid: &str) -> std::path::PathBuf {
@@ -389,8 +392,11 @@ fn dra_slice_lists_the_fixture_devices_and_withdraws_what_a_claim_must_not_get()
                 attribute(&slice, &d, "numaNode").and_then(|a| a.int),
                 hca.numa_node.map(i64::from)
             );
-            assert!(
-                string_attr(&slice, &d, PCIE_ROOT_ATTRIBUTE).is_some_and(|r| r.starts_with("pci"))
+            let chain = PciChain::parse(&hca.device_path).expect("a PCI function's path");
+            assert_eq!(
+                string_attr(&slice, &d, PCIE_ROOT_ATTRIBUTE).as_deref(),
+                Some(chain.root),
+                "{d}: the host bridge above it in sysfs"
             );
             let bandwidth = slice
                 .spec
@@ -471,13 +477,35 @@ fn dra_rail_set_claim_runs_with_each_gpu_beside_its_hca() {
             let claim = pod_claim(client, "dra-rail-set").await;
             let uid = claim.uid().expect("uid");
             let picked = allocated(&claim);
-            assert_eq!(picked.len(), 16, "8 GPUs and 8 HCAs: {picked:?}");
-            let slice = slice_where(client, &local.node_name, "slice", |_| Ok(())).await;
+            // Every GPU of the node, each with an HCA under its own host bridge (the rails).
+            let root_of: BTreeMap<String, String> = inv
+                .gpus
+                .iter()
+                .map(|g| (gpu_device_name(g), g.pci_path.as_str()))
+                .chain(
+                    inv.hcas
+                        .iter()
+                        .map(|h| (hca_device_name(h), h.device_path.as_str())),
+                )
+                .filter_map(|(d, path)| Some((d, PciChain::parse(path)?.root.to_string())))
+                .collect();
+            let gpus: BTreeSet<&String> = (0..8).map(|i| &picked[&format!("gpu-{i}")]).collect();
+            let all_gpus: BTreeSet<String> = inv.gpus.iter().map(gpu_device_name).collect();
+            assert_eq!(
+                gpus,
+                all_gpus.iter().collect(),
+                "8 distinct GPUs: {picked:?}"
+            );
+            let hcas: BTreeSet<&String> = (0..8).map(|i| &picked[&format!("hca-{i}")]).collect();
+            assert_eq!(hcas.len(), 8, "8 distinct HCAs: {picked:?}");
             for i in 0..8 {
                 let (g, h) = (&picked[&format!("gpu-{i}")], &picked[&format!("hca-{i}")]);
-                let root = |d: &str| string_attr(&slice, d, PCIE_ROOT_ATTRIBUTE);
-                assert!(root(g).is_some(), "{g} has a PCIe root");
-                assert_eq!(root(g), root(h), "pair {i}: {g} and {h} share a PCIe root");
+                assert!(root_of.contains_key(g), "{g} has a PCIe root");
+                assert_eq!(
+                    root_of.get(g),
+                    root_of.get(h),
+                    "pair {i}: {g} and {h} share a PCIe root"
+                );
             }
             let logs = logs_with(&pods, "dra-rail-set", "done").await;
             let devices: BTreeSet<String> = picked.values().cloned().collect();

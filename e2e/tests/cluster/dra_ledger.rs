@@ -11,7 +11,7 @@ use rocefabric_dra::devices::hca_device_name;
 use rocefabric_node_model::model::Health;
 use serde_json::{Value, json};
 
-use crate::devices::{Granted, fixture_inventory};
+use crate::devices::{Granted, fixture_inventory, wait_allocatable};
 use crate::dra::{
     DRIVER, allocated, assert_exactly, cdi_spec_path, checkpoint_claims, claim_pod,
     create_template, device_names, example, fabric_hca_names, pod_claim, slice_where,
@@ -131,21 +131,8 @@ fn dra_and_the_device_plugin_never_hand_one_hca_to_two_pods() {
 
         // The device plugin now lists it Unhealthy: a pod asking for every other healthy HCA
         // gets them, and none of them is the claimed one.
-        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
-        let node = local.node_name.clone();
         let want_allocatable = (free.len() - 1) as i64;
-        eventually("rdma/hca allocatable without the claimed HCA", || async {
-            let n = nodes.get(&node).await.map_err(|e| e.to_string())?;
-            let got = n
-                .status
-                .and_then(|s| s.allocatable)
-                .and_then(|a| a.get("rdma/hca").map(|q| q.0.clone()))
-                .unwrap_or_default();
-            (got == want_allocatable.to_string())
-                .then_some(())
-                .ok_or(got)
-        })
-        .await;
+        wait_allocatable(client, &local.node_name, "rdma/hca", want_allocatable).await;
         let dp_pod = json!({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": "dp-all-hcas", "namespace": WORKLOAD_NAMESPACE},
@@ -166,20 +153,27 @@ fn dra_and_the_device_plugin_never_hand_one_hca_to_two_pods() {
             .get("PCIDEVICE_RDMA_HCA")
             .map(|v| v.split(',').map(String::from).collect())
             .unwrap_or_default();
-        assert_eq!(granted.len(), free.len() - 1, "{logs}");
-        assert!(
-            !granted.contains(claimed.pci_address.as_deref().expect("pci")),
-            "{logs}"
-        );
+        // Every free HCA but the claimed one, by PCI address.
+        let want: BTreeSet<String> = free
+            .iter()
+            .filter(|h| h.id != claimed.id)
+            .map(|h| h.pci_address.clone().expect("pci"))
+            .collect();
+        assert_eq!(granted, want, "{logs}");
 
         // The other way round: an HCA the device plugin holds is withdrawn from the slice, so a
         // claim naming it waits.
-        slice_where(client, &node, "the granted HCAs withdrawn", |s| {
-            let names = device_names(s);
-            (!names.contains(&hca_device_name(other)))
-                .then_some(())
-                .ok_or(format!("{names:?}"))
-        })
+        slice_where(
+            client,
+            &local.node_name,
+            "the granted HCAs withdrawn",
+            |s| {
+                let names = device_names(s);
+                (!names.contains(&hca_device_name(other)))
+                    .then_some(())
+                    .ok_or(format!("{names:?}"))
+            },
+        )
         .await;
         let template = create_template(client, one_hca("taken-hca", &other.name)).await;
         create_pod(&pods, claim_pod("dra-taken-hca", &image, &template)).await;

@@ -16,6 +16,7 @@ mod api;
 mod devices;
 mod dra;
 mod dra_ledger;
+mod dra_owners;
 mod lifecycle;
 mod operator;
 mod rbac;

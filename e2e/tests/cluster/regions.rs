@@ -4,13 +4,14 @@
 
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::ResourceExt;
-use kube::api::Api;
+use kube::api::{Api, Patch, PatchParams};
 use rocefabric_api::constants::{
     FABRIC_LABEL, REGION_ANNOTATION, REGION_DIRECTORY_SUFFIX, REGION_SCHEDULING_GATE,
 };
 use rocefabric_formats::directory::{self, DirectoryEntry as Entry};
 use rocefabric_formats::names::DIRECTORY_KEY;
 use rocefabric_formats::region::RegionAssignment;
+use rocefabric_operator::apply::gate_removal_patch;
 use serde_json::json;
 
 use crate::{
@@ -325,4 +326,65 @@ async fn rolled_out(client: &kube::Client, flag: Option<&str>) {
         }
     })
     .await;
+}
+
+/// The operator's gate removal is bound to the pod it read: the API server refuses the patch
+/// planned for a pod that was deleted and created again under the same name, and the new pod
+/// keeps its gate (it has no window yet).
+#[test]
+fn a_gate_removal_planned_for_one_pod_never_lands_on_its_successor_of_the_same_name() {
+    const TEST: &str =
+        "a_gate_removal_planned_for_one_pod_never_lands_on_its_successor_of_the_same_name";
+    let Some(ctx) = cluster(TEST) else {
+        return;
+    };
+    ctx.rt.block_on(async {
+        let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), WORKLOAD_NAMESPACE);
+        // No fabric label: the operator leaves this pod's gate alone, so only the test patches it.
+        let mut pod = gated_pod("gate-successor", "pause");
+        pod["metadata"]["labels"] = json!({});
+        let first = create_pod(&pods, pod.clone()).await;
+        let planned_for = first.uid().expect("uid");
+        let successor = create_pod(&pods, pod).await;
+        assert_ne!(successor.uid().as_deref(), Some(planned_for.as_str()));
+        let gates = |p: &Pod| -> Vec<String> {
+            p.spec
+                .as_ref()
+                .and_then(|s| s.scheduling_gates.as_ref())
+                .into_iter()
+                .flatten()
+                .map(|g| g.name.clone())
+                .collect()
+        };
+        let patch = |uid: &str| {
+            Patch::<()>::Json(gate_removal_patch(uid, 0).expect("the operator's patch"))
+        };
+        let refused = pods
+            .patch(
+                "gate-successor",
+                &PatchParams::default(),
+                &patch(&planned_for),
+            )
+            .await
+            .expect_err("a removal planned for the old pod");
+        assert!(
+            matches!(&refused, kube::Error::Api(e) if e.code == 422),
+            "the API server refuses the failed test: {refused}"
+        );
+        let now = pods.get("gate-successor").await.expect("pod");
+        assert_eq!(
+            gates(&now),
+            [REGION_SCHEDULING_GATE],
+            "the successor keeps its gate"
+        );
+
+        // Planned for the pod as it is, the same patch removes the gate.
+        let uid = successor.uid().expect("uid");
+        let patched = pods
+            .patch("gate-successor", &PatchParams::default(), &patch(&uid))
+            .await
+            .expect("the removal planned for this pod");
+        assert!(gates(&patched).is_empty(), "{:?}", gates(&patched));
+        crate::delete_pod(&pods, "gate-successor").await;
+    });
 }
