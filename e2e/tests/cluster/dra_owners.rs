@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
+use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use rocefabric_dra::devices::{gpu_device_name, hca_device_name};
 use rocefabric_dra::prepare::WHOLE_CLAIM_REQUEST;
@@ -18,11 +19,14 @@ use rocefabric_node_testing::fixed_plugin::{FixedBackend, ForeignPlugin};
 use serde_json::{Value, json};
 
 use crate::devices::{Granted, fixture_inventory, wait_allocatable};
-use crate::dra::{DRIVER, claim_pod, create_template, device_names, fabric_hca_names, slice_where};
+use crate::dra::{
+    DRIVER, allocated, assert_exactly, claim_pod, create_template, device_names, fabric_hca_names,
+    pod_claim, slice_where,
+};
 use crate::regions::pod_image;
 use crate::{
-    NAMESPACE, WORKLOAD_NAMESPACE, create_pod, delete_pod, eventually, local_cluster, logs_with,
-    node_daemon_selector, running,
+    NAMESPACE, WORKLOAD_NAMESPACE, container_logs_with, create_pod, delete_pod, eventually,
+    local_cluster, logs_with, node_daemon_selector, running,
 };
 
 /// The daemon's metrics port (`node.devicePlugin.metricsPort`), on the node's network.
@@ -254,24 +258,12 @@ fn dra_withholds_what_a_device_plugin_may_hold_while_the_kubelet_is_down() {
             .into_iter()
             .next()
             .expect("a daemon pod");
-        // The kubelet serves logs again once it has caught up with its pods.
-        eventually(
-            "the daemon's log says why devices were withheld",
-            || async {
-                let log = daemons
-                    .logs(
-                        &kube::ResourceExt::name_any(&daemon),
-                        &kube::api::LogParams {
-                            container: Some("device-plugin".into()),
-                            ..Default::default()
-                        },
-                    )
-                    .await
-                    .map_err(|e| e.to_string())?;
-                log.contains("device plugin grants unknown: withholding every device")
-                    .then_some(())
-                    .ok_or("no such line".to_string())
-            },
+        // Once the kubelet serves logs again.
+        container_logs_with(
+            &daemons,
+            &daemon.name_any(),
+            Some("device-plugin"),
+            "device plugin grants unknown: withholding every device",
         )
         .await;
 
@@ -317,5 +309,143 @@ fn dra_the_whole_claim_request_name_can_never_be_a_claims() {
             message.contains("Invalid") && message.contains(WHOLE_CLAIM_REQUEST),
             "a validation error naming the request: {message}"
         );
+    });
+}
+
+#[test]
+fn dra_each_container_gets_the_environment_of_the_requests_it_names() {
+    const TEST: &str = "dra_each_container_gets_the_environment_of_the_requests_it_names";
+    let Some((ctx, local)) = local_cluster(TEST) else {
+        return;
+    };
+    let inv = fixture_inventory();
+    let image = pod_image(Some(&local));
+    ctx.rt.block_on(async {
+        let client = &ctx.client;
+        let pods: Api<Pod> = Api::namespaced(client.clone(), WORKLOAD_NAMESPACE);
+        // One claim, a GPU request and an HCA request; one container names each, one the claim.
+        let template = create_template(
+            client,
+            json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                "metadata": {"name": "gpu-and-hca", "namespace": WORKLOAD_NAMESPACE},
+                "spec": {"spec": {"devices": {"requests": [
+                    {"name": "gpu", "exactly": {"deviceClassName": "gpu.rocefabric.io", "count": 1}},
+                    {"name": "hca", "exactly": {"deviceClassName": "hca.rocefabric.io", "count": 1}}
+                ]}}}
+            }),
+        )
+        .await;
+        let mut pod = claim_pod("dra-per-container", &image, &template);
+        let probe = pod["spec"]["containers"][0].clone();
+        let container = |name: &str, claim: Value| {
+            let mut c = probe.clone();
+            c["name"] = json!(name);
+            c["resources"]["claims"] = json!([claim]);
+            c
+        };
+        pod["spec"]["containers"] = json!([
+            container("gpu-only", json!({"name": "devices", "request": "gpu"})),
+            container("hca-only", json!({"name": "devices", "request": "hca"})),
+            container("whole", json!({"name": "devices"})),
+        ]);
+        create_pod(&pods, pod).await;
+        running(&pods, "dra-per-container").await;
+        let claim = pod_claim(client, "dra-per-container").await;
+        let picked = allocated(&claim);
+        for (container, requests) in [
+            ("gpu-only", &["gpu"][..]),
+            ("hca-only", &["hca"]),
+            ("whole", &["gpu", "hca"]),
+        ] {
+            let devices: BTreeSet<String> = requests.iter().map(|r| picked[*r].clone()).collect();
+            let logs =
+                container_logs_with(&pods, "dra-per-container", Some(container), "done").await;
+            assert_exactly(&inv, &devices, &Granted::parse(&logs), &logs);
+        }
+        delete_pod(&pods, "dra-per-container").await;
+    });
+}
+
+/// A namespace whose claims may ask for admin access (the API server allows it only there).
+const ADMIN_NAMESPACE: &str = "rocefabric-e2e-admin";
+
+#[test]
+fn dra_an_admin_access_claim_neither_blocks_nor_is_blocked_by_the_workloads() {
+    const TEST: &str = "dra_an_admin_access_claim_neither_blocks_nor_is_blocked_by_the_workloads";
+    let Some((ctx, local)) = local_cluster(TEST) else {
+        return;
+    };
+    let inv = fixture_inventory();
+    let image = pod_image(Some(&local));
+    ctx.rt.block_on(async {
+        let client = &ctx.client;
+        let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+        let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {
+            "name": ADMIN_NAMESPACE, "labels": {"resource.kubernetes.io/admin-access": "true"}}});
+        let _ = namespaces
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(ns).expect("namespace"),
+            )
+            .await;
+        let pods: Api<Pod> = Api::namespaced(client.clone(), WORKLOAD_NAMESPACE);
+        let admin_pods: Api<Pod> = Api::namespaced(client.clone(), ADMIN_NAMESPACE);
+        let fabric_hcas = fabric_hca_names(&inv);
+        let hca = inv
+            .hcas
+            .iter()
+            .find(|h| h.health == Health::Healthy && !fabric_hcas.contains(&hca_device_name(h)))
+            .expect("a free HCA");
+        let workload = one_device("one-hca", "hca.rocefabric.io", "rdmaDevice", &hca.name);
+        let mut monitor = one_device("monitor-hca", "hca.rocefabric.io", "rdmaDevice", &hca.name);
+        monitor["metadata"]["namespace"] = json!(ADMIN_NAMESPACE);
+        monitor["spec"]["spec"]["devices"]["requests"][0]["exactly"]["adminAccess"] = json!(true);
+        let monitor_pod = |template: &str| {
+            let mut p = claim_pod("dra-monitor", &image, template);
+            p["metadata"]["namespace"] = json!(ADMIN_NAMESPACE);
+            p
+        };
+
+        // The workload first, then the monitor on the same HCA: both run.
+        let template = create_template(client, workload).await;
+        create_pod(&pods, claim_pod("dra-workload", &image, &template)).await;
+        running(&pods, "dra-workload").await;
+        let admin_templates: Api<ResourceClaimTemplate> =
+            Api::namespaced(client.clone(), ADMIN_NAMESPACE);
+        let monitor: ResourceClaimTemplate = serde_json::from_value(monitor).expect("template");
+        let _ = admin_templates
+            .delete("monitor-hca", &Default::default())
+            .await;
+        admin_templates
+            .create(&PostParams::default(), &monitor)
+            .await
+            .expect("an admin-access template in the admin namespace");
+        create_pod(&admin_pods, monitor_pod("monitor-hca")).await;
+        running(&admin_pods, "dra-monitor").await;
+        let logs = logs_with(&admin_pods, "dra-monitor", "done").await;
+        let uverbs = format!("/dev/infiniband/{}", hca.uverbs.as_deref().expect("uverbs"));
+        assert!(
+            Granted::parse(&logs).devices.contains(&uverbs),
+            "the monitor sees {uverbs}: {logs}"
+        );
+
+        // The monitor going away leaves the workload's claim prepared.
+        let workload_claim = pod_claim(client, "dra-workload").await;
+        let uid = workload_claim.uid().expect("uid");
+        delete_pod(&admin_pods, "dra-monitor").await;
+        assert!(
+            crate::dra::checkpoint_claims(&local).contains_key(&uid),
+            "the workload's claim is still prepared"
+        );
+
+        // The monitor first, then a new workload: both run.
+        delete_pod(&pods, "dra-workload").await;
+        create_pod(&admin_pods, monitor_pod("monitor-hca")).await;
+        running(&admin_pods, "dra-monitor").await;
+        create_pod(&pods, claim_pod("dra-workload", &image, &template)).await;
+        running(&pods, "dra-workload").await;
+        delete_pod(&pods, "dra-workload").await;
+        delete_pod(&admin_pods, "dra-monitor").await;
     });
 }

@@ -450,17 +450,32 @@ pub async fn running(pods: &Api<Pod>, name: &str) -> Pod {
 
 /// The container logs of a pod, once they contain `marker`.
 pub async fn logs_with(pods: &Api<Pod>, name: &str, marker: &str) -> String {
-    eventually(&format!("pod {name} logs with {marker:?}"), || async {
-        let logs = pods
-            .logs(name, &Default::default())
-            .await
-            .map_err(|e| e.to_string())?;
-        if logs.contains(marker) {
-            Ok(logs)
-        } else {
-            Err(logs)
-        }
-    })
+    container_logs_with(pods, name, None, marker).await
+}
+
+/// The logs of one container of a pod (its default container when `None`), once they contain
+/// `marker`.
+pub async fn container_logs_with(
+    pods: &Api<Pod>,
+    name: &str,
+    container: Option<&str>,
+    marker: &str,
+) -> String {
+    let params = kube::api::LogParams {
+        container: container.map(String::from),
+        ..Default::default()
+    };
+    eventually(
+        &format!("pod {name} {container:?} logs with {marker:?}"),
+        || async {
+            let logs = pods.logs(name, &params).await.map_err(|e| e.to_string())?;
+            if logs.contains(marker) {
+                Ok(logs)
+            } else {
+                Err(logs)
+            }
+        },
+    )
     .await
 }
 
