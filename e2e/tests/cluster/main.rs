@@ -17,7 +17,9 @@ mod devices;
 mod dra;
 mod dra_ledger;
 mod lifecycle;
+mod monitoring;
 mod operator;
+mod plan;
 mod rbac;
 mod regions;
 
