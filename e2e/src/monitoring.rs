@@ -150,29 +150,14 @@ pub fn metric_names(query: &str) -> BTreeSet<String> {
     while i < chars.len() {
         let c = chars[i];
         match c {
-            '"' | '\'' | '`' => {
-                i += 1;
-                while i < chars.len() && chars[i] != c {
-                    if chars[i] == '\\' {
-                        i += 1;
-                    }
-                    i += 1;
-                }
-                i += 1;
-            }
+            '"' | '\'' | '`' => i = after_string(&chars, i),
             '{' => {
                 while i < chars.len() && chars[i] != '}' {
-                    if matches!(chars[i], '"' | '\'' | '`') {
-                        let q = chars[i];
-                        i += 1;
-                        while i < chars.len() && chars[i] != q {
-                            if chars[i] == '\\' {
-                                i += 1;
-                            }
-                            i += 1;
-                        }
-                    }
-                    i += 1;
+                    i = if matches!(chars[i], '"' | '\'' | '`') {
+                        after_string(&chars, i)
+                    } else {
+                        i + 1
+                    };
                 }
                 i += 1;
             }
@@ -247,6 +232,19 @@ pub fn metric_names(query: &str) -> BTreeSet<String> {
         }
     }
     out
+}
+
+/// The index after the string literal opening at `start` (its quote, escapes honoured).
+fn after_string(chars: &[char], start: usize) -> usize {
+    let quote = chars[start];
+    let mut i = start + 1;
+    while i < chars.len() && chars[i] != quote {
+        if chars[i] == '\\' {
+            i += 1;
+        }
+        i += 1;
+    }
+    i + 1
 }
 
 /// Every `expr` of a PrometheusRule's (or a rules file's) groups.

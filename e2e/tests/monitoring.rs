@@ -20,27 +20,25 @@ fn rules() -> Value {
     yaml_serde::from_str(&text).unwrap_or_else(|e| panic!("{RULES_TEMPLATE}: {e}\n{text}"))
 }
 
-#[test]
-fn alert_rules_name_only_exported_metrics() {
-    let exprs = rule_exprs(&rules());
-    assert!(exprs.len() >= 10, "rules found: {exprs:?}");
-    let missing = unexported(&exprs, &exported_series());
+/// Every query of `what` names an exported metric.
+fn assert_exported(what: &str, queries: &[(String, String)], at_least: usize) {
+    assert!(queries.len() >= at_least, "{what}: {queries:?}");
+    let missing = unexported(queries, &exported_series());
     assert!(
         missing.is_empty(),
-        "alerts querying metrics no binary exports: {missing:?}"
+        "{what} query metrics no binary exports: {missing:?}"
     );
+}
+
+#[test]
+fn alert_rules_name_only_exported_metrics() {
+    assert_exported("alert rules", &rule_exprs(&rules()), 10);
 }
 
 #[test]
 fn dashboard_queries_name_only_exported_metrics() {
     let dashboard: Value = serde_json::from_str(&read(DASHBOARD)).expect("dashboard is JSON");
-    let queries = dashboard_queries(&dashboard);
-    assert!(queries.len() >= 20, "queries found: {queries:?}");
-    let missing = unexported(&queries, &exported_series());
-    assert!(
-        missing.is_empty(),
-        "dashboard queries of metrics no binary exports: {missing:?}"
-    );
+    assert_exported("dashboard panels", &dashboard_queries(&dashboard), 20);
 }
 
 #[test]

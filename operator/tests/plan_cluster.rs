@@ -2,10 +2,8 @@
 //! same objects in files, read with list requests a page at a time; `--fabrics` files planned
 //! as if applied over the cluster's fabrics.
 
-use clap::Parser;
 use http::Method;
 use rocefabric_operator::cli::plan::{self, PlanArgs};
-use rocefabric_operator::cli::{Cli, Command};
 use rocefabric_operator_testing::fake_cluster::FakeCluster;
 use serde_json::{Value, json};
 
@@ -65,18 +63,7 @@ fn write(dir: &std::path::Path, name: &str, items: Vec<Value>) -> String {
 }
 
 fn args(argv: &[&str]) -> PlanArgs {
-    let argv: Vec<&str> = ["rocefabric-operator", "plan"]
-        .iter()
-        .chain(argv)
-        .copied()
-        .collect();
-    match Cli::try_parse_from(&argv) {
-        Ok(Cli {
-            command: Command::Plan(args),
-        }) => args,
-        Ok(_) => panic!("{argv:?}: not plan"),
-        Err(e) => panic!("{argv:?}: {e}"),
-    }
+    PlanArgs::from_argv(argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"))
 }
 
 fn fabric_report<'a>(out: &'a Value, name: &str) -> &'a Value {
@@ -177,40 +164,22 @@ async fn proposed_fabrics_replace_the_clusters_as_kubectl_apply_would() {
 
 #[test]
 fn from_cluster_takes_no_object_files_but_fabrics() {
-    let argv = [
-        "rocefabric-operator",
-        "plan",
-        "--from-cluster",
-        "--nodes",
-        "n.yaml",
-    ];
-    assert!(
-        Cli::try_parse_from(argv).is_err(),
-        "--nodes with --from-cluster"
-    );
-    let argv = [
-        "rocefabric-operator",
-        "plan",
-        "--nodes",
-        "n.yaml",
-        "--pods",
-        "p.yaml",
-    ];
-    assert!(
-        Cli::try_parse_from(argv).is_err(),
-        "--fabrics needed without --from-cluster"
-    );
-    let argv = [
-        "rocefabric-operator",
-        "plan",
-        "--from-cluster",
-        "--page-size",
-        "0",
-    ];
-    assert!(
-        Cli::try_parse_from(argv).is_err(),
-        "a page holds an object at least"
-    );
+    for (argv, why) in [
+        (
+            &["--from-cluster", "--nodes", "n.yaml"][..],
+            "--nodes with --from-cluster",
+        ),
+        (
+            &["--nodes", "n.yaml", "--pods", "p.yaml"][..],
+            "--fabrics needed without it",
+        ),
+        (
+            &["--from-cluster", "--page-size", "0"][..],
+            "a page holds one object at least",
+        ),
+    ] {
+        assert!(PlanArgs::from_argv(argv).is_err(), "{why}");
+    }
     let a = args(&["--from-cluster"]);
     assert!(a.from_cluster && a.fabrics.is_empty());
     assert_eq!(a.page_size, 500);

@@ -3,33 +3,16 @@
 //! region figures its metrics show), and a proposed fabric file shows what applying it would
 //! change.
 
-use clap::Parser as _;
 use rocefabric_operator::cli::plan::{self, PlanArgs};
-use rocefabric_operator::cli::{Cli, Command};
 use serde_json::{Value, json};
 
 use crate::monitoring::{OPERATOR_PORT, scrape};
 use crate::{FABRIC, cluster, eventually, operator_selector, test_fabric_value};
 
 fn args(extra: &[&str]) -> PlanArgs {
-    let argv: Vec<&str> = [
-        "rocefabric-operator",
-        "plan",
-        "--from-cluster",
-        "--page-size",
-        "3",
-        "--writes",
-    ]
-    .iter()
-    .chain(extra)
-    .copied()
-    .collect();
-    match Cli::try_parse_from(&argv) {
-        Ok(Cli {
-            command: Command::Plan(args),
-        }) => args,
-        _ => panic!("{argv:?} does not parse"),
-    }
+    let mut argv = vec!["--from-cluster", "--page-size", "3", "--writes"];
+    argv.extend(extra);
+    PlanArgs::from_argv(&argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"))
 }
 
 fn fabric(out: &Value) -> Value {

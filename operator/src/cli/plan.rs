@@ -87,6 +87,19 @@ pub struct PlanArgs {
     pub writes: bool,
 }
 
+impl PlanArgs {
+    /// The arguments of `rocefabric-operator plan ARGS...` (tests and tools that plan
+    /// in-process).
+    pub fn from_argv(args: &[&str]) -> Result<PlanArgs, clap::Error> {
+        use clap::Parser as _;
+        let argv = ["rocefabric-operator", "plan"].iter().chain(args);
+        match super::Cli::try_parse_from(argv)?.command {
+            super::Command::Plan(args) => Ok(args),
+            super::Command::Run(_) => unreachable!("the subcommand is plan"),
+        }
+    }
+}
+
 /// What `plan --output json` prints.
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
