@@ -41,6 +41,17 @@ fn monitoring_is_opt_in_and_labelled_for_its_selectors() {
         "no dashboard by default"
     );
 
+    // Without the operator, no alert says it is not leading.
+    let mut values = monitoring_on();
+    values["operator"] = json!({"enabled": false});
+    let alerts = rule_exprs(&rule(&render(&engine, values)));
+    assert!(
+        !alerts
+            .iter()
+            .any(|(a, _)| a.starts_with("RocefabricOperator"))
+    );
+    assert!(alerts.iter().any(|(a, _)| a == "RocefabricPfcStorm"));
+
     let on = render(&engine, monitoring_on());
     let rule = rule(&on);
     assert_eq!(rule["metadata"]["labels"]["release"], "kps");
