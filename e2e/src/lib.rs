@@ -4,6 +4,9 @@
 //!   unix socket, and QoS on a veth pair in a network namespace the test creates;
 //! - `cluster`: the chart on a real cluster, built from source by `e2e/cluster/up` (runs when
 //!   `KUBECONFIG` points at a cluster; `ROCEFABRIC_REQUIRE_CLUSTER=1` makes a missing one a failure);
+//! - `monitoring`: the chart's alert rules and dashboard name only metrics the binaries export,
+//!   and each alert's runbook link is a row of the README's troubleshooting table (no Helm needed;
+//!   the chart suite renders them and runs promtool);
 //! - `snapshot`: `rocefabric-operator plan` over the example cluster snapshot of the README demo;
 //! - `soft_roce`: the node daemon on a real RDMA stack, Soft-RoCE in qemu VMs booted from
 //!   Debian's kernel (`e2e/vm/`; `ROCEFABRIC_REQUIRE_SOFT_ROCE=1` makes a missing qemu a failure).
@@ -17,6 +20,7 @@ use std::path::{Path, PathBuf};
 pub mod cluster;
 pub mod helm;
 pub mod manifests;
+pub mod monitoring;
 pub mod node;
 pub mod vm;
 

@@ -15,7 +15,7 @@ async fn main() -> ExitCode {
         }
         Command::Plan(args) => {
             run::init_tracing(run::LogFormat::Text);
-            plan::run(args)
+            plan::run(args).await
         }
     };
     match result {

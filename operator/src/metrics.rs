@@ -8,6 +8,8 @@
 //! - `nodes{fabric,state}`: nodes of each fabric by state (`selected`, `configured`, `failed`,
 //!   `conflicting`);
 //! - `regions_allocated{fabric}` and `regions_capacity{fabric}`;
+//! - `pods_waiting{fabric}`: pods the fabric selects that wait, gated, for a region (regions
+//!   exhausted, a bad request, over a quota);
 //! - `leader`: 1 while this replica holds the Lease.
 
 use std::sync::atomic::AtomicU64;
@@ -52,6 +54,7 @@ pub struct FabricFigures {
     pub nodes: NodeCounts,
     pub regions_allocated: u32,
     pub regions_capacity: u32,
+    pub pods_waiting: u32,
 }
 
 /// All metrics of the operator and the registry that renders them.
@@ -64,6 +67,7 @@ pub struct Metrics {
     pub nodes: Family<NodeStateLabels, Gauge>,
     pub regions_allocated: Family<FabricLabels, Gauge>,
     pub regions_capacity: Family<FabricLabels, Gauge>,
+    pub pods_waiting: Family<FabricLabels, Gauge>,
     pub leader: Gauge<i64, std::sync::atomic::AtomicI64>,
     pub cache_synced: Gauge<f64, AtomicU64>,
 }
@@ -92,6 +96,7 @@ impl Metrics {
         let nodes = Family::<NodeStateLabels, Gauge>::default();
         let regions_allocated = Family::<FabricLabels, Gauge>::default();
         let regions_capacity = Family::<FabricLabels, Gauge>::default();
+        let pods_waiting = Family::<FabricLabels, Gauge>::default();
         let leader = Gauge::default();
         let cache_synced = Gauge::<f64, AtomicU64>::default();
         registry.register(
@@ -126,6 +131,11 @@ impl Metrics {
             regions_capacity.clone(),
         );
         registry.register(
+            "pods_waiting",
+            "Pods of a fabric left waiting, gated, for a region",
+            pods_waiting.clone(),
+        );
+        registry.register(
             "leader",
             "1 while this replica holds the leader Lease",
             leader.clone(),
@@ -144,6 +154,7 @@ impl Metrics {
             nodes,
             regions_allocated,
             regions_capacity,
+            pods_waiting,
             leader,
             cache_synced,
         }
@@ -178,6 +189,7 @@ impl Metrics {
         self.nodes.clear();
         self.regions_allocated.clear();
         self.regions_capacity.clear();
+        self.pods_waiting.clear();
         for (fabric, f) in figures {
             for (state, n) in [
                 ("selected", f.nodes.selected),
@@ -201,6 +213,9 @@ impl Metrics {
             self.regions_capacity
                 .get_or_create(&label)
                 .set(i64::from(f.regions_capacity));
+            self.pods_waiting
+                .get_or_create(&label)
+                .set(i64::from(f.pods_waiting));
         }
     }
 
@@ -231,6 +246,7 @@ mod tests {
             },
             regions_allocated: 7,
             regions_capacity: 64,
+            pods_waiting: 2,
         };
         m.set_fabrics([("dgx", &figures)]);
         let text = m.render().expect("encodes");
@@ -256,6 +272,10 @@ mod tests {
         );
         assert!(
             text.contains(r#"rocefabric_operator_regions_allocated{fabric="dgx"} 7"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"rocefabric_operator_pods_waiting{fabric="dgx"} 2"#),
             "{text}"
         );
         assert!(

@@ -83,6 +83,7 @@ async fn metrics_are_served_as_openmetrics() {
         },
         regions_allocated: 5,
         regions_capacity: 16,
+        pods_waiting: 0,
     };
     metrics.set_fabrics([("dgx", &figures)]);
     let (status, head, body) = get(addr, "/metrics").await;

@@ -9,10 +9,12 @@
 //! - [`discovery`]: the one discovery loop;
 //! - [`serve`]: the device plugin (publisher, per-resource backends, socket supervisor);
 //! - [`fabric_source`]: where the fabric view comes from (the node's RoceNode, or the config);
-//! - [`cli`]: the subcommands.
+//! - [`cli`]: the subcommands;
+//! - [`metrics_catalog`]: every metric family the daemon can export.
 
 pub mod cli;
 pub mod discovery;
 pub mod fabric_source;
+pub mod metrics_catalog;
 pub mod mode;
 pub mod serve;

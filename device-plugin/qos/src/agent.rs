@@ -132,6 +132,9 @@ pub struct AgentMetrics {
     pub syncs: Family<Vec<(&'static str, String)>, Counter>,
     /// 1 when a knob holds on an interface, else 0.
     pub knob_holds: Family<Vec<(&'static str, String)>, Gauge>,
+    /// 1 for the fabric of the node's RoceNode (`fabric` label): joins the node's counters to
+    /// their fabric (`* on (node) group_left (fabric)`).
+    pub node_fabric: Family<Vec<(&'static str, String)>, Gauge>,
 }
 
 impl AgentMetrics {
@@ -150,6 +153,11 @@ impl AgentMetrics {
             "rocefabric_qos_knob_holds",
             "Whether a QoS knob holds on an interface (1) or not (0)",
             self.knob_holds.clone(),
+        );
+        registry.register(
+            "rocefabric_qos_node_fabric",
+            "1 for the fabric of this node's RoceNode",
+            self.node_fabric.clone(),
         );
     }
 }
@@ -271,6 +279,11 @@ pub async fn reconcile(
     node: &RoceNode,
     now: Time,
 ) -> Result<RoceNodeStatus, AgentError> {
+    ctx.metrics.node_fabric.clear();
+    ctx.metrics
+        .node_fabric
+        .get_or_create(&vec![("fabric", node.spec.fabric.clone())])
+        .set(1);
     if node.spec.pending {
         let status = pending_status(node, &now);
         write_status(ctx, &status).await?;

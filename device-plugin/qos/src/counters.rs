@@ -405,6 +405,28 @@ pub fn encode(samples: &[Sample], mut encoder: DescriptorEncoder<'_>) -> Result<
     Ok(())
 }
 
+/// A sample holding every counter this module can export (all zero): encoded, it lists every
+/// family the collector can emit, which a real scrape shows only on a device that has them all.
+/// The chart's alert rules and dashboard queries are checked against it.
+pub fn sample_with_every_counter() -> Sample {
+    let all = [[Some(0); 2]; MAX_PRIORITIES];
+    Sample {
+        netdev: "every0".into(),
+        rdma_device: "every_0".into(),
+        pfc: Some(IeeePfc::default()),
+        hw: RDMA_PORT_COUNTERS
+            .iter()
+            .map(|(_, metric, help)| (*metric, *help, 0))
+            .collect(),
+        driver: DriverCounters {
+            pause_frames: all,
+            pause_duration_micros: all,
+            storm_warning_events: Some(0),
+            storm_error_events: Some(0),
+        },
+    }
+}
+
 /// Opens DCB access for one scrape.
 pub type DcbFactory = Box<dyn Fn() -> Option<Box<dyn DcbOps>> + Send + Sync>;
 

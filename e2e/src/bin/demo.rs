@@ -122,6 +122,8 @@ async fn main() -> anyhow::Result<()> {
         roce_nodes: Vec::new(),
         output: OutputFormat::Table,
         writes: false,
+        from_cluster: false,
+        page_size: 500,
     };
     let out = operator_plan::plan_files(&args)?;
     print!("{}", operator_plan::render_table(&out));

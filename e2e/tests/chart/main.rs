@@ -8,6 +8,7 @@ mod binaries;
 mod crds;
 mod dra;
 mod helpers;
+mod monitoring;
 mod pods;
 mod rbac;
 mod render;

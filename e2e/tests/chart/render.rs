@@ -214,7 +214,7 @@ fn optional_parts_follow_their_toggles() {
         if workload["kind"] == "DaemonSet" {
             // Both containers' metrics: the device plugin's and the QoS agent's.
             let ports: Vec<&Value> = endpoints.iter().map(|e| &e["port"]).collect();
-            assert_eq!(ports, [&json!("dp-metrics"), &json!("metrics")]);
+            assert_eq!(ports, [&json!("device-metrics"), &json!("metrics")]);
         }
     }
     let policies = of_kind(&on, "NetworkPolicy");

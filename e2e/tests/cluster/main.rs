@@ -18,7 +18,9 @@ mod dra;
 mod dra_ledger;
 mod dra_owners;
 mod lifecycle;
+mod monitoring;
 mod operator;
+mod plan;
 mod rbac;
 mod regions;
 

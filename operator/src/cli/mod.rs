@@ -1,8 +1,9 @@
-//! Command line of `rocefabric-operator`: `run` (the controller) and `plan` (the planner offline
-//! over YAML files).
+//! Command line of `rocefabric-operator`: `run` (the controller) and `plan` (the planner over
+//! YAML files or the cluster's objects).
 
 use clap::{Parser, Subcommand};
 
+pub mod cluster;
 pub mod plan;
 pub mod run;
 
@@ -19,6 +20,7 @@ pub struct Cli {
 pub enum Command {
     /// Run the operator against the cluster (leader-elected; serves /healthz, /readyz, /metrics).
     Run(run::RunArgs),
-    /// Plan offline over YAML files of Kubernetes objects: RoceNodes, conflicts, regions.
+    /// Plan over YAML files of Kubernetes objects, or the cluster's (`--from-cluster`):
+    /// RoceNodes, conflicts, regions.
     Plan(plan::PlanArgs),
 }

@@ -1,8 +1,10 @@
-//! `rocefabric-operator plan`: the planner offline over YAML files of Kubernetes objects.
+//! `rocefabric-operator plan`: the operator's planner over the cluster's objects, read from YAML
+//! files or (`--from-cluster`) from the API server.
 //!
-//! Users run it against their cluster's objects before applying a fabric: which RoceNodes the
-//! operator would write, which nodes conflict, which regions every matching pod gets. Objects
-//! without `creationTimestamp` (a fabric not yet applied) count as the youngest.
+//! Users run it before applying a fabric: which RoceNodes the operator would write, which nodes
+//! conflict, which regions every matching pod gets. Objects without `creationTimestamp` (a
+//! fabric not yet applied) count as the youngest. With `--from-cluster`, `--fabrics` files are
+//! what `kubectl apply` would send: they replace the cluster's fabrics of the same name.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -19,6 +21,7 @@ use crate::planner::{
 };
 use crate::regions::FreedRegions;
 use crate::snapshot::{Kind, Snapshot};
+use rocefabric_api::RoceFabric;
 
 /// Output format of `plan`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
@@ -34,19 +37,47 @@ pub enum OutputFormat {
 #[derive(Debug, Args)]
 pub struct PlanArgs {
     /// YAML file of RoceFabric objects (`kubectl get rocefabrics -o yaml`: a List, multi-document
-    /// YAML or a single object). Repeatable.
-    #[arg(long = "fabrics", value_name = "FILE", required = true)]
+    /// YAML or a single object). Repeatable. With `--from-cluster`: fabrics to plan as if
+    /// applied (`kubectl apply -f FILE`), in place of the cluster's of the same name.
+    #[arg(
+        long = "fabrics",
+        value_name = "FILE",
+        required_unless_present = "from_cluster"
+    )]
     pub fabrics: Vec<PathBuf>,
     /// YAML file of Node objects (`kubectl get nodes -o yaml`). Repeatable.
-    #[arg(long = "nodes", value_name = "FILE", required = true)]
+    #[arg(
+        long = "nodes",
+        value_name = "FILE",
+        required_unless_present = "from_cluster",
+        conflicts_with = "from_cluster"
+    )]
     pub nodes: Vec<PathBuf>,
     /// YAML file of Pod objects (`kubectl get pods -A -o yaml`). Repeatable.
-    #[arg(long = "pods", value_name = "FILE", required = true)]
+    #[arg(
+        long = "pods",
+        value_name = "FILE",
+        required_unless_present = "from_cluster",
+        conflicts_with = "from_cluster"
+    )]
     pub pods: Vec<PathBuf>,
     /// YAML file of existing RoceNode objects (`kubectl get rocenodes -o yaml`), to see the
     /// rollout from where it stands. Repeatable.
-    #[arg(long = "roce-nodes", value_name = "FILE")]
+    #[arg(
+        long = "roce-nodes",
+        value_name = "FILE",
+        conflicts_with = "from_cluster"
+    )]
     pub roce_nodes: Vec<PathBuf>,
+    /// Read fabrics, nodes, pods, RoceNodes and region directories from the cluster (the
+    /// kubeconfig as kubectl finds it: `KUBECONFIG`, `~/.kube/config`, or in-cluster), as the
+    /// operator sees them. Read-only: lists, a page at a time.
+    #[arg(long)]
+    pub from_cluster: bool,
+    /// Objects per list request with `--from-cluster` (`limit`; the rest follow with `continue`).
+    #[arg(long, value_name = "N", default_value_t = super::cluster::DEFAULT_PAGE_SIZE,
+        value_parser = clap::value_parser!(u32).range(1..))]
+    pub page_size: u32,
     /// `table` (default) or `json`.
     #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
     pub output: OutputFormat,
@@ -54,6 +85,19 @@ pub struct PlanArgs {
     /// directory texts and RoceNode specs the operator would send.
     #[arg(long)]
     pub writes: bool,
+}
+
+impl PlanArgs {
+    /// The arguments of `rocefabric-operator plan ARGS...` (tests and tools that plan
+    /// in-process).
+    pub fn from_argv(args: &[&str]) -> Result<PlanArgs, clap::Error> {
+        use clap::Parser as _;
+        let argv = ["rocefabric-operator", "plan"].iter().chain(args);
+        match super::Cli::try_parse_from(argv)?.command {
+            super::Command::Plan(args) => Ok(args),
+            super::Command::Run(_) => unreachable!("the subcommand is plan"),
+        }
+    }
 }
 
 /// What `plan --output json` prints.
@@ -74,6 +118,20 @@ pub struct PlanOutput {
 
 /// Load the files and plan.
 pub fn plan_files(args: &PlanArgs) -> anyhow::Result<PlanOutput> {
+    let snapshot = load_files(args)?;
+    Ok(plan_snapshot(snapshot, args.writes))
+}
+
+/// Read the cluster through `client`, put the `--fabrics` files in place of its fabrics, and plan.
+pub async fn plan_cluster(client: &kube::Client, args: &PlanArgs) -> anyhow::Result<PlanOutput> {
+    let proposed = load_files(args)?;
+    let mut snapshot = super::cluster::snapshot(client, args.page_size).await?;
+    apply_proposed(&mut snapshot, proposed);
+    Ok(plan_snapshot(snapshot, args.writes))
+}
+
+/// The objects of the files `args` names.
+fn load_files(args: &PlanArgs) -> anyhow::Result<Snapshot> {
     let mut snapshot = Snapshot::default();
     let groups: [(&[PathBuf], Kind); 4] = [
         (&args.fabrics, Kind::RoceFabric),
@@ -87,6 +145,52 @@ pub fn plan_files(args: &PlanArgs) -> anyhow::Result<PlanOutput> {
             snapshot.load_file(path, &[kind])?;
         }
     }
+    Ok(snapshot)
+}
+
+/// Put the fabrics of `proposed` in place of the cluster's of the same name, as `kubectl apply`
+/// would: one already there keeps its uid, creation time and status, and its generation moves
+/// on when its spec changes. The other objects of `proposed` are ignored.
+pub fn apply_proposed(cluster: &mut Snapshot, proposed: Snapshot) {
+    let name = |f: &RoceFabric| f.metadata.name.clone().unwrap_or_default();
+    let mut replaced: BTreeMap<String, RoceFabric> = BTreeMap::new();
+    let names: std::collections::BTreeSet<String> = proposed
+        .fabrics
+        .iter()
+        .map(name)
+        .chain(proposed.unreadable_fabrics.iter().map(|f| f.name.clone()))
+        .collect();
+    cluster.fabrics.retain(|f| {
+        if names.contains(&name(f)) {
+            replaced.insert(name(f), f.clone());
+            false
+        } else {
+            true
+        }
+    });
+    cluster
+        .unreadable_fabrics
+        .retain(|f| !names.contains(&f.name));
+    for mut fabric in proposed.fabrics {
+        if let Some(live) = replaced.get(&name(&fabric)) {
+            let changed =
+                serde_json::to_value(&fabric.spec).ok() != serde_json::to_value(&live.spec).ok();
+            let meta = &mut fabric.metadata;
+            meta.uid = live.metadata.uid.clone();
+            meta.creation_timestamp = live.metadata.creation_timestamp.clone();
+            meta.resource_version = live.metadata.resource_version.clone();
+            meta.generation = live.metadata.generation.map(|g| g + i64::from(changed));
+            fabric.status = live.status.clone();
+        }
+        cluster.fabrics.push(fabric);
+    }
+    cluster
+        .unreadable_fabrics
+        .extend(proposed.unreadable_fabrics);
+}
+
+/// Plan over `snapshot` as the operator does; the full writes with `writes`.
+pub fn plan_snapshot(mut snapshot: Snapshot, writes: bool) -> PlanOutput {
     tracing::debug!(
         fabrics = snapshot.fabrics.len() + snapshot.unreadable_fabrics.len(),
         nodes = snapshot.nodes.len(),
@@ -134,22 +238,33 @@ pub fn plan_files(args: &PlanArgs) -> anyhow::Result<PlanOutput> {
         });
     }
     report.fabrics.sort_by(|a, b| a.name.cmp(&b.name));
-    let mut writes = BTreeMap::new();
+    let mut counts = BTreeMap::new();
     for w in &plan.writes {
-        *writes.entry(w.kind()).or_insert(0) += 1;
+        *counts.entry(w.kind()).or_insert(0) += 1;
     }
-    Ok(PlanOutput {
+    PlanOutput {
         report,
-        writes,
-        write_list: args.writes.then_some(plan.writes),
+        writes: counts,
+        write_list: writes.then_some(plan.writes),
         notes,
-    })
+    }
 }
 
 /// Run `plan`, printing to stdout. Fails (after printing the plan) when a fabric is invalid or
 /// the files hold no fabric, so scripts and CI can gate on it.
-pub fn run(args: PlanArgs) -> anyhow::Result<()> {
-    let out = plan_files(&args)?;
+pub async fn run(args: PlanArgs) -> anyhow::Result<()> {
+    let out = if args.from_cluster {
+        let config = kube::Config::infer().await.map_err(|e| {
+            anyhow::anyhow!(
+                "no Kubernetes configuration found: set KUBECONFIG (or create ~/.kube/config): {e}"
+            )
+        })?;
+        let client = kube::Client::try_from(config)
+            .context("failed to build a Kubernetes client from the configuration")?;
+        plan_cluster(&client, &args).await?
+    } else {
+        plan_files(&args)?
+    };
     for note in &out.notes {
         eprintln!("rocefabric-operator: note: {note}");
     }
@@ -172,7 +287,9 @@ pub fn verdict(report: &PlanReport) -> anyhow::Result<()> {
         .map(|f| rocefabric_input::shown(&f.name))
         .collect();
     if report.fabrics.is_empty() {
-        anyhow::bail!("the --fabrics files hold no RoceFabric");
+        anyhow::bail!(
+            "the --fabrics files hold no RoceFabric (nor the cluster, with --from-cluster)"
+        );
     }
     if !invalid.is_empty() {
         anyhow::bail!(

@@ -258,6 +258,7 @@ fn figures(plan: &Plan) -> Vec<(String, FabricFigures)> {
                     },
                     regions_allocated: f.regions_allocated,
                     regions_capacity: f.region_capacity,
+                    pods_waiting: f.pods_waiting,
                 },
             )
         })

@@ -127,6 +127,9 @@ pub struct Snapshot {
     pub notes: Vec<String>,
     /// Notes left out past [`MAX_NOTES`].
     pub notes_left_out: usize,
+    /// While a page of an API list is loaded ([`Snapshot::load_page`]): the kind of its items,
+    /// which the API server sends without `kind`, and the list's `metadata.continue`.
+    page: Option<(Kind, Option<String>)>,
     /// Where each object was first seen, and its index in its list (or, for a fabric that could
     /// not be read, a digest of it), by kind, namespace and name.
     seen: HashMap<(Kind, String), (String, Kept)>,
@@ -204,6 +207,22 @@ impl Snapshot {
             offset: e.utf8_error().valid_up_to(),
         })?;
         self.load_str(&text, path, accept)
+    }
+
+    /// Load one page of an API server list of `kind` (`GET /api/v1/pods?limit=N`), streamed
+    /// from `reader` and decoded as a JSON file is (each object bounded, checked and trimmed);
+    /// `source` names the request in errors. Returns the list's `continue` token, `None` on the
+    /// last page.
+    pub fn load_page(
+        &mut self,
+        reader: impl Read,
+        source: &Path,
+        kind: Kind,
+    ) -> Result<Option<String>, SnapshotError> {
+        self.page = Some((kind, None));
+        let loaded = self.load_json(reader, source, &[kind]);
+        let token = self.page.take().and_then(|(_, token)| token);
+        loaded.map(|()| token.filter(|t| !t.is_empty()))
     }
 
     /// How many objects are loaded (of every kind).
@@ -347,6 +366,43 @@ fn strip_position(message: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_api_page_gives_its_items_their_kind_and_its_continue_token() {
+        let page = serde_json::json!({"apiVersion": "v1", "kind": "NodeList",
+            "metadata": {"resourceVersion": "7", "continue": "tok"},
+            "items": [{"metadata": {"name": "n1", "managedFields": [{"manager": "m"}]}},
+                      {"metadata": {"name": "n2"}}]});
+        let mut snap = Snapshot::default();
+        let source = Path::new("/api/v1/nodes?limit=2");
+        let token = snap
+            .load_page(page.to_string().as_bytes(), source, Kind::Node)
+            .expect("loads");
+        assert_eq!(token.as_deref(), Some("tok"));
+        assert_eq!(snap.nodes.len(), 2);
+        assert!(snap.nodes[0].metadata.managed_fields.is_none(), "trimmed");
+        let last = serde_json::json!({"kind": "NodeList", "metadata": {"continue": ""},
+            "items": [{"metadata": {"name": "n3"}}]});
+        let token = snap
+            .load_page(last.to_string().as_bytes(), source, Kind::Node)
+            .expect("loads");
+        assert_eq!(token, None, "an empty token ends the list");
+        // Checked as a file is: a bad name is refused, naming the request.
+        let bad = serde_json::json!({"kind": "NodeList", "items": [{"metadata": {"name": "N!"}}]});
+        let err = snap
+            .load_page(bad.to_string().as_bytes(), source, Kind::Node)
+            .expect_err("refused");
+        assert!(err.to_string().contains("/api/v1/nodes?limit=2"), "{err}");
+        // A file keeps requiring `kind`.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("nodes.json");
+        std::fs::write(
+            &path,
+            r#"{"kind": "List", "items": [{"metadata": {"name": "x"}}]}"#,
+        )
+        .expect("write");
+        assert!(snap.load_file(&path, &[Kind::Node]).is_err());
+    }
 
     #[test]
     fn streamed_pods_keep_only_what_the_planner_reads() {

@@ -93,10 +93,12 @@ impl Snapshot {
         place: &str,
         accept: &[Kind],
     ) -> Result<(), SnapshotError> {
+        // An API list's items carry no `kind`: the page's kind is theirs.
         let Some(kind) = value
             .get("kind")
             .and_then(Value::as_str)
             .map(str::to_string)
+            .or_else(|| self.page.as_ref().map(|(k, _)| k.as_str().to_string()))
         else {
             return Err(object_error(path, place, "object has no `kind`".into()));
         };

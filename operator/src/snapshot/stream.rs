@@ -91,6 +91,13 @@ impl<'de> Visitor<'de> for Top<'_> {
                 rest.insert(key, map.next_value_seed(Strict)?);
             }
         }
+        if let Some((_, token)) = &mut self.snapshot.page {
+            *token = rest
+                .get("metadata")
+                .and_then(|m| m.get("continue"))
+                .and_then(Value::as_str)
+                .map(str::to_string);
+        }
         let kind = rest.get("kind").and_then(Value::as_str).unwrap_or_default();
         match items {
             Some(_) if !kind.ends_with("List") => {

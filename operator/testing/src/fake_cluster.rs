@@ -1,6 +1,7 @@
 //! A small in-memory API server for the tests that run the whole controller, behind a real
 //! `kube::Client`: lists and watches held open (label selectors hold for both; a watch sees
-//! ADDED, MODIFIED and DELETED events after writes), GET, and every write with the semantics of
+//! ADDED, MODIFIED and DELETED events after writes; lists in pages with `limit` and
+//! `continue`), GET, and every write with the semantics of
 //! the store the scale harness serves from ([`crate::api::store`]: create, replace with a
 //! resourceVersion check, server-side apply, merge and JSON patches with preconditions,
 //! delete). Every request is logged.
@@ -105,16 +106,46 @@ impl State {
         });
     }
 
-    fn list(&self, target: &Target, selector: &Selector) -> Result<Value, Failure> {
-        let items = self
+    /// A list, a page of `limit` objects at a time when asked (`continue`: the namespace and
+    /// name of the last object of the page before).
+    fn list(
+        &self,
+        target: &Target,
+        selector: &Selector,
+        limit: Option<u64>,
+        after: Option<&str>,
+    ) -> Result<Value, Failure> {
+        let after = match after {
+            Some(token) => Some(
+                token
+                    .split_once('/')
+                    .map(|(ns, name)| (ns.to_string(), name.to_string()))
+                    .ok_or_else(|| Failure::bad_request("malformed continue token"))?,
+            ),
+            None => None,
+        };
+        let mut items = Vec::new();
+        let mut next = None;
+        let mut last: Option<&Key> = None;
+        for (key, stored) in self
             .store
-            .iter_from(target.resource, target.namespace.as_deref(), None)
+            .iter_from(target.resource, target.namespace.as_deref(), after)
             .filter(|(_, stored)| selector.matches(&stored.labels))
-            .map(|(_, stored)| parse(&stored.json))
-            .collect::<Result<Vec<Value>, Failure>>()?;
+        {
+            if limit.is_some_and(|l| items.len() as u64 >= l) {
+                next = last.map(|k| format!("{}/{}", k.1, k.2));
+                break;
+            }
+            items.push(parse(&stored.json)?);
+            last = Some(key);
+        }
+        let mut metadata = json!({ "resourceVersion": self.rv.to_string() });
+        if let Some(next) = next {
+            metadata["continue"] = json!(next);
+        }
         Ok(json!({
             "apiVersion": "v1", "kind": "List",
-            "metadata": { "resourceVersion": self.rv.to_string() },
+            "metadata": metadata,
             "items": items,
         }))
     }
@@ -202,7 +233,12 @@ impl State {
             (&Method::GET, None) => {
                 let selector = Selector::parse(call.q("labelSelector").unwrap_or_default())
                     .map_err(|e| Failure::bad_request(&e.to_string()))?;
-                Ok((StatusCode::OK, self.list(&target, &selector)?))
+                let limit = call
+                    .q("limit")
+                    .and_then(|l| l.parse().ok())
+                    .filter(|l| *l > 0);
+                let page = self.list(&target, &selector, limit, call.q("continue"))?;
+                Ok((StatusCode::OK, page))
             }
             (&Method::GET, Some(name)) => Ok((StatusCode::OK, self.get(&key_of(&target, name))?)),
             (&Method::DELETE, Some(name)) => {

@@ -333,6 +333,10 @@ async fn drift_is_corrected_with_an_event_and_a_metric() {
         text.contains(r#"rocefabric_qos_knob_holds{interface="enp24s0np0",knob="pfc"} 1"#),
         "{text}"
     );
+    assert!(
+        text.contains(r#"rocefabric_qos_node_fabric{fabric="#),
+        "the node's fabric is exported: {text}"
+    );
     drop(tree);
 }
 
