@@ -171,7 +171,10 @@ async fn follower_is_quiet_then_takes_over_configures_goes_quiet_and_releases() 
         .collect();
     assert_eq!(other, Vec::<String>::new(), "steady state writes nothing");
     let text = metrics.render().expect("metrics");
-    assert!(text.contains("rocefabric_operator_leader 1"), "{text}");
+    assert!(
+        text.lines().any(|l| l == "rocefabric_operator_leader 1"),
+        "the sample, not the HELP text that reads the same: {text}"
+    );
     assert!(
         text.contains(r#"rocefabric_operator_nodes{fabric="dgx",state="selected"} 2"#),
         "{text}"

@@ -69,7 +69,8 @@ fn plan_from_cluster_is_the_plan_the_operator_carries_out() {
             let text = scrape(&client, &operator_selector(), OPERATOR_PORT).await?;
             let leader = text
                 .split("\n# EOF")
-                .find(|t| t.contains("rocefabric_operator_leader 1"))
+                // The sample line, not the HELP text (which reads "... leader 1 while ...").
+                .find(|t| t.lines().any(|l| l == "rocefabric_operator_leader 1"))
                 .ok_or("no leader scraped")?;
             for (metric, field) in [
                 (
