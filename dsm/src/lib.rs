@@ -45,11 +45,13 @@
 //! 5. **Completion means placed.** When [`Dsm::write`] returns, the data is in the owner's memory
 //!    (the owner's HCA acknowledged it; Soft-RoCE and ConnectX place before acknowledging).
 
+pub mod auth;
 pub mod client;
 pub mod config;
 pub mod directory;
 pub mod endpoint;
 pub mod error;
+pub mod handshake;
 mod ibv;
 pub mod memory;
 pub mod transport;
