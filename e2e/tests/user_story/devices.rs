@@ -31,11 +31,13 @@ pub fn fabric_pod(story: &Story, name: &str, node: &str) -> Value {
     c["volumeMounts"] = json!([
         {"name": "region", "mountPath": "/etc/rocefabric"},
         {"name": "directory", "mountPath": "/etc/rocefabric/directory"},
+        {"name": "key", "mountPath": "/etc/rocefabric/key", "readOnly": true},
     ]);
     pod["spec"]["volumes"] = json!([
         {"name": "region", "downwardAPI": {"items": [{"path": "region",
             "fieldRef": {"fieldPath": "metadata.annotations['rocefabric.io/region']"}}]}},
         {"name": "directory", "configMap": {"name": format!("{FABRIC}-regions")}},
+        {"name": "key", "secret": {"secretName": format!("{FABRIC}-key"), "defaultMode": 0o440}},
     ]);
     pod
 }
