@@ -85,11 +85,16 @@ pub struct Identity {
     pub key: FabricKey,
 }
 
-/// Which end proves: the labels keep an owner's proof from standing in for an initiator's.
+/// What a proof is: the labels keep one from standing in for another (an owner's proof for an
+/// initiator's, a challenge's for an offer's).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Side {
+    /// The initiator's proof, bound to the queue pair it offers.
     Initiator,
+    /// The owner's answer to the initiator's challenge.
     Owner,
+    /// The owner's offer (its queue pair, where the window is and its rkey).
+    Offer,
 }
 
 /// What both ends agree on before either proves anything.
@@ -105,11 +110,12 @@ pub struct Transcript<'a> {
 
 impl Transcript<'_> {
     /// The bytes a proof covers: a label, then every field length-prefixed (no two transcripts
-    /// encode alike).
-    fn bytes(&self, side: Side) -> Vec<u8> {
+    /// encode alike), last what else it vouches for (`bound`: a queue pair, an offer).
+    fn bytes(&self, side: Side, bound: &[u8]) -> Vec<u8> {
         let label: &[u8] = match side {
             Side::Initiator => b"rocefabric-dsm/2 initiator proof",
             Side::Owner => b"rocefabric-dsm/2 owner proof",
+            Side::Offer => b"rocefabric-dsm/2 owner offer",
         };
         let mut out = Vec::with_capacity(256);
         for field in [
@@ -122,6 +128,7 @@ impl Transcript<'_> {
             self.owner.uid.as_bytes(),
             &self.initiator_nonce.0,
             &self.owner_nonce.0,
+            bound,
         ] {
             out.extend_from_slice(&(field.len() as u64).to_be_bytes());
             out.extend_from_slice(field);
@@ -129,14 +136,15 @@ impl Transcript<'_> {
         out
     }
 
-    /// `side`'s proof (hex): HMAC-SHA256 under the fabric key.
-    pub fn prove(&self, key: &FabricKey, side: Side) -> String {
-        hex(hmac::sign(&key.0, &self.bytes(side)).as_ref())
+    /// `side`'s proof (hex) of this transcript and `bound`: HMAC-SHA256 under the fabric key.
+    pub fn prove(&self, key: &FabricKey, side: Side, bound: &[u8]) -> String {
+        hex(hmac::sign(&key.0, &self.bytes(side, bound)).as_ref())
     }
 
-    /// Whether `proof` is `side`'s proof of this transcript (compared in constant time).
-    pub fn verify(&self, key: &FabricKey, side: Side, proof: &str) -> bool {
-        unhex(proof).is_some_and(|tag| hmac::verify(&key.0, &self.bytes(side), &tag).is_ok())
+    /// Whether `proof` is `side`'s proof of this transcript and `bound` (compared in constant
+    /// time).
+    pub fn verify(&self, key: &FabricKey, side: Side, bound: &[u8], proof: &str) -> bool {
+        unhex(proof).is_some_and(|tag| hmac::verify(&key.0, &self.bytes(side, bound), &tag).is_ok())
     }
 }
 
@@ -181,25 +189,36 @@ pub(crate) mod tests {
             initiator_nonce: &ni,
             owner_nonce: &no,
         };
-        let proof = t.prove(&key(7), Side::Initiator);
+        let proof = t.prove(&key(7), Side::Initiator, b"qp");
         assert_eq!(proof.len(), 64);
-        assert!(t.verify(&key(7), Side::Initiator, &proof));
-        assert!(!t.verify(&key(8), Side::Initiator, &proof), "another key");
-        assert!(!t.verify(&key(7), Side::Owner, &proof), "reflected");
+        assert!(t.verify(&key(7), Side::Initiator, b"qp", &proof));
+        assert!(
+            !t.verify(&key(8), Side::Initiator, b"qp", &proof),
+            "another key"
+        );
+        assert!(!t.verify(&key(7), Side::Owner, b"qp", &proof), "reflected");
+        assert!(
+            !t.verify(&key(7), Side::Offer, b"qp", &proof),
+            "as an offer's"
+        );
+        assert!(
+            !t.verify(&key(7), Side::Initiator, b"qq", &proof),
+            "for another queue pair"
+        );
         let fresh = Nonce([3; 32]);
         let replayed = Transcript {
             owner_nonce: &fresh,
             ..t.clone()
         };
         assert!(
-            !replayed.verify(&key(7), Side::Initiator, &proof),
+            !replayed.verify(&key(7), Side::Initiator, b"qp", &proof),
             "replayed"
         );
         let other_ns = Transcript {
             namespace: "ns2",
             ..t.clone()
         };
-        assert!(!other_ns.verify(&key(7), Side::Initiator, &proof));
+        assert!(!other_ns.verify(&key(7), Side::Initiator, b"qp", &proof));
         // Length prefixes: moving a byte from one field to the next changes the transcript.
         let (a2, b2) = (member("a", "uab"), member("", "ub"));
         let shifted = Transcript {
@@ -207,9 +226,9 @@ pub(crate) mod tests {
             owner: &b2,
             ..t.clone()
         };
-        assert!(!shifted.verify(&key(7), Side::Initiator, &proof));
-        assert!(!t.verify(&key(7), Side::Initiator, "zz"));
-        assert!(!t.verify(&key(7), Side::Initiator, ""));
+        assert!(!shifted.verify(&key(7), Side::Initiator, b"qp", &proof));
+        assert!(!t.verify(&key(7), Side::Initiator, b"qp", "zz"));
+        assert!(!t.verify(&key(7), Side::Initiator, b"qp", ""));
     }
 
     #[test]

@@ -41,6 +41,7 @@ impl Window for Exposed {
             size: self.size,
             addr: self.window.mapping.addr(),
             rkey: self.window.rkey(),
+            proof: String::new(),
         };
         Ok((qp, offer))
     }

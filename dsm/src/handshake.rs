@@ -53,7 +53,7 @@ pub fn respond<W: Window>(
         why
     };
     let hello: Hello = recv(stream, deadline, "hello").map_err(refuse)?;
-    let (pending, challenge) =
+    let (exchange, challenge) =
         wire::check_hello(&hello, us, directory, Nonce::fresh()).map_err(|why| {
             refuse(format!(
                 "refused {} ({}): {}",
@@ -61,20 +61,22 @@ pub fn respond<W: Window>(
             ))
         })?;
     send(stream, &Answer::Challenge(challenge))?;
-    let who = format!("{} ({})", pending.peer.pod, pending.peer.uid);
+    let peer = &exchange.initiator;
+    let who = format!("{} ({})", peer.pod, peer.uid);
     let proof: Proof = match recv(stream, deadline, "proof").map_err(refuse)? {
         Response::Prove(p) => p,
         Response::Refuse(why) => return Err(format!("{who} turned this pod down: {why}")),
     };
-    wire::check_proof(us, &pending, &proof)
+    exchange
+        .check_proof(us, &proof)
         .map_err(|why| refuse(format!("refused {who}: {why}")))?;
     let (conn, offer) = window.connect(proof.qp).map_err(|e| {
         refuse(format!(
             "this pod could not connect a queue pair to {who}: {e}"
         ))
     })?;
-    send(stream, &Reply::Accept(offer))?;
-    Ok((conn, pending.peer))
+    send(stream, &Reply::Accept(exchange.sign(us, offer)))?;
+    Ok((conn, exchange.initiator))
 }
 
 /// Why an initiator's handshake failed: the owner (or the way to it) is not what the directory
@@ -87,7 +89,8 @@ pub enum Failed<E> {
 
 /// The initiator's side, toward the owner `to_pod` whose uid the directory names (`to_uid`):
 /// hello, check the owner's challenge (refusing it to the owner when it fails), make a queue pair
-/// with `make_qp` only then, prove, and take the offer. Returns the queue pair, the offer and the
+/// with `make_qp` only then, prove (for that queue pair), and take the offer once it carries the
+/// owner's proof for this exchange. Returns the queue pair, the offer and the
 /// owner's uid. Without a uid there is no handshake: an owner that cannot be told from a replaced
 /// one is never connected.
 pub fn initiate<Q, E>(
@@ -111,14 +114,17 @@ pub fn initiate<Q, E>(
         Answer::Challenge(c) => c,
         Answer::Refuse(why) => return Err(gone(format!("refused: {why}"))),
     };
-    let proof = wire::check_challenge(us, &hello, &nonce, &challenge).map_err(|why| {
+    let exchange = wire::check_challenge(us, &hello, &nonce, &challenge).map_err(|why| {
         let _ = send(stream, &Response::Refuse(why.clone()));
         gone(why)
     })?;
     let (qp, address) = make_qp().map_err(Failed::Local)?;
-    send(stream, &Response::Prove(Proof { proof, qp: address })).map_err(gone)?;
+    send(stream, &Response::Prove(exchange.prove(us, address))).map_err(gone)?;
     match recv(stream, deadline, "offer").map_err(gone)? {
-        Reply::Accept(offer) => Ok((qp, offer, challenge.uid)),
+        Reply::Accept(offer) => {
+            exchange.check_offer(us, &offer).map_err(gone)?;
+            Ok((qp, offer, challenge.uid))
+        }
         Reply::Refuse(why) => Err(gone(format!("refused: {why}"))),
     }
 }
@@ -199,6 +205,7 @@ pub(crate) mod tests {
             size: 4096,
             addr: 0x7000,
             rkey: 42,
+            proof: String::new(),
         }
     }
 
@@ -259,6 +266,11 @@ pub(crate) mod tests {
             Some("ub"),
         );
         let (q, o, uid) = got.unwrap();
+        assert_eq!(o.proof.len(), 64, "signed for this exchange");
+        let o = Offer {
+            proof: String::new(),
+            ..o
+        };
         assert_eq!((q, o, uid.as_str()), (7, offer(), "ub"));
         let (conn, peer) = owner.unwrap().unwrap();
         assert_eq!(

@@ -5,10 +5,14 @@
 //! 2. owner: [`Answer`]: a [`Challenge`] (its pod and uid, its own nonce, its proof over both) when
 //!    the hello names this pod and uid and the initiator is a pod of the owner's own directory with
 //!    that uid, else a refusal;
-//! 3. initiator: [`Response`]: a [`Proof`] (its proof and its queue pair) when the owner is the
-//!    pod and uid its directory names and proved holding the fabric key, else a refusal;
-//! 4. owner: [`Reply`]: an [`Offer`] (its queue pair and where the window is registered) when the
-//!    proof holds, else a refusal.
+//! 3. initiator: [`Response`]: a [`Proof`] (its queue pair, and its proof bound to that queue
+//!    pair) when the owner is the pod and uid its directory names and proved holding the fabric
+//!    key, else a refusal;
+//! 4. owner: [`Reply`]: an [`Offer`] (its queue pair and where the window is registered, with its
+//!    proof over them for this exchange) when the proof holds, else a refusal.
+//!
+//! So nobody on the path can put its own queue pair under a member's proof, or change an offer,
+//! without the key.
 //!
 //! Every refusal names its cause and is sent to the other side before the stream closes. The TCP
 //! stream stays open for the life of the RDMA connection: when either side closes it, the other
@@ -122,6 +126,9 @@ pub struct Offer {
     /// Where the window is registered in the owner's process, and its remote key.
     pub addr: u64,
     pub rkey: u32,
+    /// The owner's proof over the exchange and the fields above (hex; empty until signed).
+    #[serde(default)]
+    pub proof: String,
 }
 
 /// The hello an initiator `us` sends to the owner `to` (`to_uid`: what its directory names).
@@ -138,30 +145,83 @@ pub fn hello(us: &Identity, to_pod: &str, to_uid: Option<&str>, nonce: &Nonce) -
     }
 }
 
-/// The transcript both ends prove over, given the hello and the owner's challenge fields.
-fn transcript<'a>(
-    hello: &'a Hello,
-    initiator: &'a Member,
-    owner: &'a Member,
-    nonces: &'a (Nonce, Nonce),
-) -> Transcript<'a> {
-    Transcript {
-        fabric: &hello.fabric,
-        namespace: &hello.namespace,
-        initiator,
-        owner,
-        initiator_nonce: &nonces.0,
-        owner_nonce: &nonces.1,
-    }
+/// One rendezvous as both ends see it once the owner has answered: the hello, both pods, both
+/// nonces. Every proof is over its transcript, each bound to what it vouches for.
+#[derive(Clone, Debug)]
+pub struct Exchange {
+    pub hello: Hello,
+    pub initiator: Member,
+    pub owner: Member,
+    nonces: (Nonce, Nonce),
 }
 
-/// What the owner keeps between its challenge and the initiator's proof.
-#[derive(Clone, Debug)]
-pub struct Pending {
-    pub hello: Hello,
-    /// The initiator, as the owner's directory names it.
-    pub peer: Member,
-    nonces: (Nonce, Nonce),
+/// What a proof vouches for besides the exchange: a queue pair, or an offer without its proof.
+fn bound<T: Serialize>(what: &T) -> Vec<u8> {
+    encode(what)
+}
+
+impl Exchange {
+    fn transcript(&self) -> Transcript<'_> {
+        Transcript {
+            fabric: &self.hello.fabric,
+            namespace: &self.hello.namespace,
+            initiator: &self.initiator,
+            owner: &self.owner,
+            initiator_nonce: &self.nonces.0,
+            owner_nonce: &self.nonces.1,
+        }
+    }
+
+    fn refused(&self, who: &Member, us: &Identity) -> String {
+        format!(
+            "pod {} ({}) did not prove holding the fabric key of {:?} in namespace {:?}",
+            who.pod, who.uid, us.fabric, us.namespace
+        )
+    }
+
+    /// The initiator's proof, bound to the queue pair `qp` it made for the owner.
+    pub fn prove(&self, us: &Identity, qp: QpAddress) -> Proof {
+        let proof = self
+            .transcript()
+            .prove(&us.key, Side::Initiator, &bound(&qp));
+        Proof { proof, qp }
+    }
+
+    /// The owner checks the initiator's proof (for this exchange and the queue pair it names).
+    pub fn check_proof(&self, us: &Identity, proof: &Proof) -> Result<(), String> {
+        let t = self.transcript();
+        if t.verify(&us.key, Side::Initiator, &bound(&proof.qp), &proof.proof) {
+            Ok(())
+        } else {
+            Err(self.refused(&self.initiator, us))
+        }
+    }
+
+    /// The owner's offer, signed for this exchange.
+    pub fn sign(&self, us: &Identity, mut offer: Offer) -> Offer {
+        offer.proof = String::new();
+        offer.proof = self
+            .transcript()
+            .prove(&us.key, Side::Offer, &bound(&offer));
+        offer
+    }
+
+    /// The initiator checks that the offer comes from the owner it authenticated, unchanged.
+    pub fn check_offer(&self, us: &Identity, offer: &Offer) -> Result<(), String> {
+        let unsigned = Offer {
+            proof: String::new(),
+            ..offer.clone()
+        };
+        let t = self.transcript();
+        if t.verify(&us.key, Side::Offer, &bound(&unsigned), &offer.proof) {
+            Ok(())
+        } else {
+            Err(format!(
+                "the offer of pod {} ({}) does not carry its proof for this exchange",
+                self.owner.pod, self.owner.uid
+            ))
+        }
+    }
 }
 
 /// The owner `us` checks a hello against its own directory; `Ok` holds its challenge (with the
@@ -172,7 +232,7 @@ pub fn check_hello(
     us: &Identity,
     directory: &Directory,
     nonce: Nonce,
-) -> Result<(Pending, Challenge), String> {
+) -> Result<(Exchange, Challenge), String> {
     if hello.version != VERSION {
         return Err(format!(
             "protocol version {} (this pod speaks {VERSION})",
@@ -235,33 +295,34 @@ pub fn check_hello(
         }
     }
     let initiator_nonce = Nonce::from_hex(&hello.nonce).map_err(|e| format!("hello: {e}"))?;
-    let pending = Pending {
+    let exchange = Exchange {
         hello: hello.clone(),
-        peer: Member {
+        initiator: Member {
             pod: from.clone(),
             uid: hello.from_uid.clone(),
         },
+        owner: me.clone(),
         nonces: (initiator_nonce, nonce),
     };
-    let proof = transcript(hello, &pending.peer, me, &pending.nonces).prove(&us.key, Side::Owner);
+    let proof = exchange.transcript().prove(&us.key, Side::Owner, &[]);
     let challenge = Challenge {
         pod: me.pod.clone(),
         uid: me.uid.clone(),
         nonce: nonce.to_hex(),
         proof,
     };
-    Ok((pending, challenge))
+    Ok((exchange, challenge))
 }
 
 /// The initiator `us` checks the owner's challenge to the hello it sent with `nonce`: the owner
 /// must be the pod and uid its directory names and prove holding the fabric key over this very
-/// exchange. `Ok` holds the initiator's own proof.
+/// exchange. `Ok` holds the exchange, for the initiator's proof and the offer's check.
 pub fn check_challenge(
     us: &Identity,
     hello: &Hello,
     nonce: &Nonce,
     challenge: &Challenge,
-) -> Result<String, String> {
+) -> Result<Exchange, String> {
     if challenge.pod != hello.to_pod {
         return Err(format!(
             "pod {:?} answered for {:?}",
@@ -277,32 +338,22 @@ pub fn check_challenge(
         ));
     }
     let owner_nonce = Nonce::from_hex(&challenge.nonce).map_err(|e| format!("challenge: {e}"))?;
-    let owner = Member {
-        pod: challenge.pod.clone(),
-        uid: challenge.uid.clone(),
+    let exchange = Exchange {
+        hello: hello.clone(),
+        initiator: us.me.clone(),
+        owner: Member {
+            pod: challenge.pod.clone(),
+            uid: challenge.uid.clone(),
+        },
+        nonces: (*nonce, owner_nonce),
     };
-    let nonces = (*nonce, owner_nonce);
-    let t = transcript(hello, &us.me, &owner, &nonces);
-    if !t.verify(&us.key, Side::Owner, &challenge.proof) {
-        return Err(format!(
-            "pod {} ({}) did not prove holding the fabric key of {:?} in namespace {:?}",
-            owner.pod, owner.uid, us.fabric, us.namespace
-        ));
+    if !exchange
+        .transcript()
+        .verify(&us.key, Side::Owner, &[], &challenge.proof)
+    {
+        return Err(exchange.refused(&exchange.owner, us));
     }
-    Ok(t.prove(&us.key, Side::Initiator))
-}
-
-/// The owner `us` checks the initiator's proof against what it challenged.
-pub fn check_proof(us: &Identity, pending: &Pending, proof: &Proof) -> Result<(), String> {
-    let t = transcript(&pending.hello, &pending.peer, &us.me, &pending.nonces);
-    if t.verify(&us.key, Side::Initiator, &proof.proof) {
-        Ok(())
-    } else {
-        Err(format!(
-            "pod {} ({}) did not prove holding the fabric key of {:?} in namespace {:?}",
-            pending.peer.pod, pending.peer.uid, us.fabric, us.namespace
-        ))
-    }
+    Ok(exchange)
 }
 
 /// One line of JSON, newline-terminated.
@@ -354,12 +405,15 @@ pub(crate) mod tests {
         let directory = Directory::parse("d", DIR).unwrap();
         let nonce = Nonce::fresh();
         let h = hello(initiator, &owner.me.pod, to_uid, &nonce);
-        let (pending, challenge) =
+        let (at_owner, challenge) =
             check_hello(&h, owner, &directory, Nonce::fresh()).map_err(|e| (Side::Owner, e))?;
         let proof =
             check_challenge(initiator, &h, &nonce, &challenge).map_err(|e| (Side::Initiator, e))?;
-        check_proof(owner, &pending, &Proof { proof, qp: qp() }).map_err(|e| (Side::Owner, e))?;
-        Ok(pending.peer)
+        let proof = proof.prove(initiator, qp());
+        at_owner
+            .check_proof(owner, &proof)
+            .map_err(|e| (Side::Owner, e))?;
+        Ok(at_owner.initiator)
     }
 
     #[test]
@@ -399,7 +453,7 @@ pub(crate) mod tests {
         let directory = Directory::parse("d", DIR).unwrap();
         let nonce = Nonce::fresh();
         let h = hello(&stranger, "b", Some("ub"), &nonce);
-        let (pending, challenge) = check_hello(&h, &owner, &directory, Nonce::fresh()).unwrap();
+        let (at_owner, challenge) = check_hello(&h, &owner, &directory, Nonce::fresh()).unwrap();
         let forged = Transcript {
             fabric: "f",
             namespace: "ns",
@@ -408,16 +462,12 @@ pub(crate) mod tests {
             initiator_nonce: &nonce,
             owner_nonce: &Nonce::from_hex(&challenge.nonce).unwrap(),
         }
-        .prove(&stranger.key, Side::Initiator);
-        let why = check_proof(
-            &owner,
-            &pending,
-            &Proof {
-                proof: forged,
-                qp: qp(),
-            },
-        )
-        .unwrap_err();
+        .prove(&stranger.key, Side::Initiator, &encode(&qp()));
+        let forged = Proof {
+            proof: forged,
+            qp: qp(),
+        };
+        let why = at_owner.check_proof(&owner, &forged).unwrap_err();
         assert_eq!(
             why,
             "pod a (ua) did not prove holding the fabric key of \"f\" in namespace \"ns\""
@@ -431,31 +481,70 @@ pub(crate) mod tests {
         let nonce = Nonce::fresh();
         let h = hello(&a, "b", Some("ub"), &nonce);
         let (_, challenge) = check_hello(&h, &b, &directory, Nonce::fresh()).unwrap();
-        let recorded = check_challenge(&a, &h, &nonce, &challenge).unwrap();
+        let recorded = check_challenge(&a, &h, &nonce, &challenge)
+            .unwrap()
+            .prove(&a, qp());
         // The same hello replayed later gets a fresh owner nonce: the recorded proof fails.
-        let (pending, _) = check_hello(&h, &b, &directory, Nonce::fresh()).unwrap();
-        let why = check_proof(
-            &b,
-            &pending,
-            &Proof {
-                proof: recorded,
-                qp: qp(),
-            },
-        )
-        .unwrap_err();
+        let (at_owner, _) = check_hello(&h, &b, &directory, Nonce::fresh()).unwrap();
+        let why = at_owner.check_proof(&b, &recorded).unwrap_err();
         assert!(why.contains("did not prove"), "{why}");
         // The owner's own proof sent back as the initiator's.
-        let (pending, challenge) = check_hello(&h, &b, &directory, Nonce::fresh()).unwrap();
+        let (at_owner, challenge) = check_hello(&h, &b, &directory, Nonce::fresh()).unwrap();
         let reflected = Proof {
             proof: challenge.proof,
             qp: qp(),
         };
-        assert!(check_proof(&b, &pending, &reflected).is_err());
+        assert!(at_owner.check_proof(&b, &reflected).is_err());
         // A recorded challenge replayed to a new hello (new initiator nonce) fails too.
         let (_, old) = check_hello(&h, &b, &directory, Nonce::fresh()).unwrap();
         let again = Nonce::fresh();
         let h2 = hello(&a, "b", Some("ub"), &again);
         assert!(check_challenge(&a, &h2, &again, &old).is_err());
+    }
+
+    #[test]
+    fn a_swapped_queue_pair_or_changed_offer_is_caught() {
+        let (a, b) = (identity("a", "ua", key(1)), identity("b", "ub", key(1)));
+        let directory = Directory::parse("d", DIR).unwrap();
+        let nonce = Nonce::fresh();
+        let h = hello(&a, "b", Some("ub"), &nonce);
+        let (at_owner, challenge) = check_hello(&h, &b, &directory, Nonce::fresh()).unwrap();
+        let at_initiator = check_challenge(&a, &h, &nonce, &challenge).unwrap();
+        let proof = at_initiator.prove(&a, qp());
+        assert_eq!(at_owner.check_proof(&b, &proof), Ok(()));
+        // Someone on the path puts its own queue pair under the initiator's proof.
+        let swapped = Proof {
+            qp: QpAddress { qpn: 99, ..qp() },
+            ..proof
+        };
+        assert!(at_owner.check_proof(&b, &swapped).is_err());
+        let offer = Offer {
+            qp: qp(),
+            base: 4096,
+            size: 4096,
+            addr: 0x7000,
+            rkey: 42,
+            proof: String::new(),
+        };
+        let signed = at_owner.sign(&b, offer.clone());
+        assert_eq!(at_initiator.check_offer(&a, &signed), Ok(()));
+        assert!(at_initiator.check_offer(&a, &offer).is_err(), "unsigned");
+        let changed = Offer {
+            rkey: 43,
+            ..signed.clone()
+        };
+        let why = at_initiator.check_offer(&a, &changed).unwrap_err();
+        assert_eq!(
+            why,
+            "the offer of pod b (ub) does not carry its proof for this exchange"
+        );
+        // An offer signed for another exchange (a replay) does not fit this one.
+        let (other, _) = check_hello(&h, &b, &directory, Nonce::fresh()).unwrap();
+        assert!(
+            at_initiator
+                .check_offer(&a, &other.sign(&b, offer))
+                .is_err()
+        );
     }
 
     #[test]
