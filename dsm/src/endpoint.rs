@@ -287,7 +287,8 @@ fn serve_peer<W: Window>(
         why
     })?;
     let me = &shared.owner;
-    let (conn, peer) = handshake::respond(&stream, deadline, me, &directory, &shared.window)?;
+    let (conn, peer, offer) =
+        handshake::respond(&stream, deadline, me, &directory, &shared.window)?;
     shared.counts.accepted.fetch_add(1, Ordering::Relaxed);
     tracing::info!(
         namespace = %me.namespace,
@@ -295,6 +296,9 @@ fn serve_peer<W: Window>(
         uid = %peer.uid,
         %from,
         window = %me.me.pod,
+        base = %format_args!("{:#x}", offer.base),
+        size = offer.size,
+        qpn = offer.qp.qpn,
         "peer admitted"
     );
     let idle = shared.limits.idle;

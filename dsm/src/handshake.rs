@@ -39,7 +39,8 @@ fn recv<T: DeserializeOwned>(
 }
 
 /// The owner's side: read the hello, challenge or refuse it, check the initiator's proof, connect
-/// a queue pair to it through `window`. Every refusal is sent before the error returns; `Err` is
+/// a queue pair to it through `window`; `Ok` holds the queue pair, the peer and the offer it got.
+/// Every refusal is sent before the error returns; `Err` is
 /// the cause, for the log. The whole exchange ends by `deadline`.
 pub fn respond<W: Window>(
     stream: &TcpStream,
@@ -47,7 +48,7 @@ pub fn respond<W: Window>(
     us: &Identity,
     directory: &Directory,
     window: &W,
-) -> Result<(W::Conn, Member), String> {
+) -> Result<(W::Conn, Member, Offer), String> {
     let refuse = |why: String| {
         let _ = send(stream, &Reply::Refuse(why.clone()));
         why
@@ -75,8 +76,9 @@ pub fn respond<W: Window>(
             "this pod could not connect a queue pair to {who}: {e}"
         ))
     })?;
-    send(stream, &Reply::Accept(exchange.sign(us, offer)))?;
-    Ok((conn, exchange.initiator))
+    let offer = exchange.sign(us, offer);
+    send(stream, &Reply::Accept(offer.clone()))?;
+    Ok((conn, exchange.initiator, offer))
 }
 
 /// Why an initiator's handshake failed: the owner (or the way to it) is not what the directory
@@ -233,7 +235,7 @@ pub(crate) mod tests {
         to_uid: Option<&str>,
     ) -> (
         Result<(u32, Offer, String), Failed<String>>,
-        Option<Result<(QpAddress, Member), String>>,
+        Option<Result<(QpAddress, Member, Offer), String>>,
     ) {
         let (client, server) = pair();
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -272,7 +274,7 @@ pub(crate) mod tests {
             ..o
         };
         assert_eq!((q, o, uid.as_str()), (7, offer(), "ub"));
-        let (conn, peer) = owner.unwrap().unwrap();
+        let (conn, peer, _) = owner.unwrap().unwrap();
         assert_eq!(
             (conn.qpn, peer.pod.as_str(), peer.uid.as_str()),
             (7, "a", "ua")
