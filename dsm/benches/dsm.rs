@@ -67,6 +67,8 @@ fn main() {
     let cfg = Config {
         pod: "bench".into(),
         uid: "u".into(),
+        namespace: "bench".into(),
+        key: rocefabric_dsm::auth::FabricKey::new(&[7; 32]).expect("a key"),
         window: rocefabric_dsm::RegionAssignment {
             fabric: "f".into(),
             id: 0,

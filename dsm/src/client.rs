@@ -7,24 +7,31 @@ use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use rocefabric_formats::directory::DirectoryEntry;
 use rocefabric_formats::region::RegionAssignment;
 
-use crate::directory::Directory;
-use crate::endpoint::{self, Endpoint, Exposed};
+use crate::auth::{FabricKey, Identity, Member};
+use crate::directory::{self, Directory};
+use crate::endpoint::{self, Endpoint, Exposed, Limits, Owner};
 use crate::error::{DsmError, Result};
+use crate::handshake::{self, Failed};
 use crate::memory::{self, Backing};
 use crate::transport::{Op, Work};
 use crate::verbs::{Hca, Mapping, Qp, Registered};
-use crate::wire::{self, Hello, Offer, Reply};
+use crate::wire::Offer;
 
 /// Everything a pod already has, gathered by [`crate::config`] from its files and environment.
 #[derive(Clone, Debug)]
 pub struct Config {
     pub pod: String,
     pub uid: String,
+    /// The pod's namespace, as the fabric key's Secret names it.
+    pub namespace: String,
+    /// The fabric's key of this namespace (the mounted `<fabric>-key` Secret): what this pod proves
+    /// itself with, and what it checks every peer and owner by.
+    pub key: FabricKey,
     pub window: RegionAssignment,
     pub directory: PathBuf,
     pub hca: String,
@@ -46,6 +53,19 @@ impl Config {
     /// The conventional pod's configuration (see [`crate::config::Inputs::from_env`]).
     pub fn from_pod() -> Result<Config> {
         crate::config::Inputs::from_env()?.config()
+    }
+
+    /// Who this pod proves to be at a rendezvous.
+    pub fn identity(&self) -> Identity {
+        Identity {
+            fabric: self.window.fabric.clone(),
+            namespace: self.namespace.clone(),
+            me: Member {
+                pod: self.pod.clone(),
+                uid: self.uid.clone(),
+            },
+            key: self.key.clone(),
+        }
     }
 }
 
@@ -100,6 +120,8 @@ impl Access<'_> {
 
 /// A connected owner.
 struct Conn {
+    /// The owner's uid, as it proved it.
+    uid: String,
     offer: Offer,
     qp: Qp,
     stream: TcpStream,
@@ -129,11 +151,17 @@ pub struct Stats {
 /// This pod's handle on the fabric's distributed shared memory.
 pub struct Dsm {
     cfg: Config,
+    identity: Identity,
+    /// When the owners were last told this pod is alive.
+    kept_alive: Instant,
+    /// The epoch of this handle's last lock acquisition (random start: a restarted container,
+    /// same uid, does not reuse its predecessor's lock words).
+    pub(crate) lock_epoch: u32,
     hca: Arc<Hca>,
     local: Option<Arc<Mapping>>,
     staging: Registered,
     directory: Directory,
-    stamp: Option<(SystemTime, u64)>,
+    stamp: directory::Stamp,
     checked: Instant,
     conns: HashMap<String, Conn>,
     /// Pods whose connection failed, by uid: reconnecting is the next access's job.
@@ -163,7 +191,7 @@ impl Dsm {
             size,
             reason: "larger than this machine's address space".into(),
         })?;
-        let directory = read_directory(&cfg.directory)?;
+        let directory = directory::read(&cfg.directory)?;
         let hca = Arc::new(Hca::open(
             &cfg.hca,
             cfg.port,
@@ -180,15 +208,17 @@ impl Dsm {
             let window = hca.register(&local, true)?;
             let endpoint = Endpoint::start(
                 cfg.listen,
+                Owner {
+                    identity: cfg.identity(),
+                    directory: cfg.directory.clone(),
+                },
                 Exposed {
-                    fabric: cfg.window.fabric.clone(),
-                    pod: cfg.pod.clone(),
-                    uid: cfg.uid.clone(),
                     base: cfg.window.base,
                     size,
                     hca: Arc::clone(&hca),
                     window,
                 },
+                Limits::default(),
             )?;
             tracing::info!(pod = %cfg.pod, base = cfg.window.base, size, huge = local.is_huge(), hca = ?hca, listen = %endpoint.addr(), "window exposed");
             (Some(local), Some(endpoint))
@@ -196,7 +226,13 @@ impl Dsm {
             (None, None)
         };
         Ok(Dsm {
-            stamp: stamp(&cfg.directory),
+            identity: cfg.identity(),
+            kept_alive: Instant::now(),
+            lock_epoch: {
+                let n = crate::auth::Nonce::fresh().0;
+                u32::from_ne_bytes([n[0], n[1], n[2], n[3]])
+            },
+            stamp: directory::stamp(&cfg.directory),
             cfg,
             hca,
             local,
@@ -208,6 +244,11 @@ impl Dsm {
             endpoint,
             stats: Stats::default(),
         })
+    }
+
+    /// The configuration this handle was opened with.
+    pub fn config(&self) -> &Config {
+        &self.cfg
     }
 
     /// This pod's window.
@@ -301,28 +342,6 @@ impl Dsm {
         ])
     }
 
-    /// Take the spin lock word at `lock_addr` (0 = free) for `me` (non-zero), run `f`, release.
-    /// Everyone touching what the lock guards must take it the same way.
-    pub fn with_lock<T>(
-        &mut self,
-        lock_addr: u64,
-        me: u64,
-        f: impl FnOnce(&mut Dsm) -> Result<T>,
-    ) -> Result<T> {
-        assert!(me != 0, "0 is the free lock");
-        let mut spins = 0u32;
-        while self.compare_and_swap(lock_addr, 0, me)? != 0 {
-            spins += 1;
-            if spins > 16 {
-                std::thread::yield_now();
-            }
-        }
-        let out = f(self);
-        let released = self.compare_and_swap(lock_addr, me, 0)?;
-        debug_assert_eq!(released, me, "lock word changed while held");
-        out
-    }
-
     /// Run every access: all are resolved and bounds-checked against the directory first (nothing
     /// is posted if one fails), then posted per owner in rounds of up to [`DEPTH`] requests,
     /// waiting once per round. Requests to one owner execute in the order given.
@@ -413,7 +432,8 @@ impl Dsm {
                     rkey: conn.offer.rkey,
                 });
             }
-            let mut failure = None;
+            // Every connection that failed in this round: (pod, piece, status).
+            let mut failures = Vec::new();
             let mut posted = Vec::new();
             for (pod, ws) in &works {
                 let conn = self
@@ -424,8 +444,7 @@ impl Dsm {
                     Ok(()) => ws.len(),
                     Err(e) => {
                         let refused = ws[e.accepted.min(ws.len() - 1)].id;
-                        failure =
-                            Some((pod.clone(), refused, format!("post failed: {}", e.reason)));
+                        failures.push((pod.clone(), refused, format!("post failed: {}", e.reason)));
                         e.accepted
                     }
                 };
@@ -443,17 +462,19 @@ impl Dsm {
                 let failed = conn.qp.complete(n, COMPLETION_TIMEOUT);
                 if let Some((id, status)) = failed.into_iter().next() {
                     let id = if id == u64::MAX { first } else { id };
-                    failure.get_or_insert((pod, id, status));
+                    failures.push((pod, id, status));
                 }
             }
-            if let Some((pod, piece, status)) = failure {
-                // A failed queue pair is in the error state: drop it; the next access reconnects.
-                let uid = self
-                    .conns
-                    .remove(&pod)
-                    .map(|c| c.offer.uid)
-                    .unwrap_or_default();
-                self.dropped.insert(pod.clone(), uid);
+            // A failed queue pair is in the error state: drop every one that failed (or timed
+            // out) in this round, not only the first; the next access to each reconnects. The
+            // error names the earliest failed piece.
+            failures.sort_by_key(|f| f.1);
+            for (pod, _, _) in &failures {
+                if let Some(c) = self.conns.remove(pod) {
+                    self.dropped.insert(pod.clone(), c.uid);
+                }
+            }
+            if let Some((pod, piece, status)) = failures.into_iter().next() {
                 let (i, off, _) = pieces[piece as usize];
                 return Err(DsmError::Transport {
                     addr: accesses[i].addr() + off,
@@ -486,13 +507,13 @@ impl Dsm {
     /// which any error names.
     fn connect(&mut self, e: &DirectoryEntry, addr: u64) -> Result<()> {
         if let Some(c) = self.conns.get(&e.pod) {
-            if e.uid.as_ref().is_none_or(|u| *u == c.offer.uid)
+            if e.uid.as_ref().is_none_or(|u| *u == c.uid)
                 && c.offer.base == e.base
                 && c.offer.size == e.size
             {
                 return Ok(());
             }
-            tracing::info!(pod = %e.pod, old = %c.offer.uid, new = ?e.uid, "owner replaced: dropping its connection");
+            tracing::info!(pod = %e.pod, old = %c.uid, new = ?e.uid, "owner replaced: dropping its connection");
             self.conns.remove(&e.pod);
             self.stats.reconnects += 1;
         } else if self.dropped.remove(&e.pod).is_some() {
@@ -519,35 +540,27 @@ impl Dsm {
                 .map_err(|x| gone(format!("pod IP in the directory: {x}")))?;
             SocketAddr::new(ip, self.rendezvous_port())
         };
-        let mut qp = self.hca.queue_pair(DEPTH as u32 * 2).map_err(local)?;
-        let hello = Hello {
-            version: wire::VERSION,
-            fabric: self.cfg.window.fabric.clone(),
-            from_pod: self.cfg.pod.clone(),
-            from_uid: self.cfg.uid.clone(),
-            to_pod: e.pod.clone(),
-            to_uid: e.uid.clone(),
-            qp: qp.address(),
-        };
         let stream = TcpStream::connect_timeout(&target, Duration::from_secs(5))
             .map_err(|x| gone(format!("rendezvous at {target}: {x}")))?;
         let _ = stream.set_nodelay(true);
-        (&stream)
-            .write_all(&wire::encode(&hello))
-            .map_err(|x| gone(format!("rendezvous at {target}: {x}")))?;
         let deadline = Instant::now() + ANSWER_TIMEOUT;
-        let line = endpoint::read_line_by(&stream, deadline, wire::MAX_LINE)
-            .map_err(|x| gone(format!("rendezvous at {target}: {x}")))?;
-        let offer = match serde_json::from_str::<Reply>(&line) {
-            Ok(Reply::Accept(o)) => o,
-            Ok(Reply::Refuse(why)) => return Err(gone(format!("refused: {why}"))),
-            Err(x) => {
-                return Err(gone(format!(
-                    "rendezvous at {target} answered {:?}: {x}",
-                    line.trim()
-                )));
-            }
-        };
+        let hca = &self.hca;
+        let (mut qp, offer, uid) = handshake::initiate(
+            &stream,
+            deadline,
+            &self.identity,
+            &e.pod,
+            e.uid.as_deref(),
+            || {
+                let qp = hca.queue_pair(DEPTH as u32 * 2)?;
+                let address = qp.address();
+                Ok((qp, address))
+            },
+        )
+        .map_err(|f| match f {
+            Failed::Owner(why) => gone(format!("rendezvous at {target}: {why}")),
+            Failed::Local(x) => local(x),
+        })?;
         if offer.base != e.base || offer.size != e.size {
             return Err(gone(format!(
                 "it exposes [{:#x}, +{:#x}), the directory says [{:#x}, +{:#x})",
@@ -555,9 +568,17 @@ impl Dsm {
             )));
         }
         qp.connect(offer.qp).map_err(local)?;
-        tracing::debug!(pod = %e.pod, uid = %offer.uid, qpn = offer.qp.qpn, "connected");
+        tracing::debug!(pod = %e.pod, %uid, qpn = offer.qp.qpn, "connected");
         self.stats.connects += 1;
-        self.conns.insert(e.pod.clone(), Conn { offer, qp, stream });
+        self.conns.insert(
+            e.pod.clone(),
+            Conn {
+                uid,
+                offer,
+                qp,
+                stream,
+            },
+        );
         Ok(())
     }
 
@@ -566,8 +587,15 @@ impl Dsm {
             return;
         }
         self.checked = Instant::now();
-        if stamp(&self.cfg.directory) != self.stamp {
+        if directory::stamp(&self.cfg.directory) != self.stamp {
             self.reload_directory();
+        }
+        // Tell the owners this pod is alive (an owner drops a peer it has not heard from).
+        if self.kept_alive.elapsed() >= endpoint::KEEPALIVE {
+            self.kept_alive = Instant::now();
+            for c in self.conns.values() {
+                let _ = (&c.stream).write_all(b"\n");
+            }
         }
         // A cached owner whose endpoint closed its stream has gone away: drop it now rather than
         // wait for a transport timeout.
@@ -580,16 +608,16 @@ impl Dsm {
         for p in closed {
             tracing::info!(pod = %p, "owner closed its endpoint: dropping the connection");
             if let Some(c) = self.conns.remove(&p) {
-                self.dropped.insert(p, c.offer.uid);
+                self.dropped.insert(p, c.uid);
             }
         }
     }
 
     fn reload_directory(&mut self) {
-        match read_directory(&self.cfg.directory) {
+        match directory::read(&self.cfg.directory) {
             Ok(d) => {
                 self.directory = d;
-                self.stamp = stamp(&self.cfg.directory);
+                self.stamp = directory::stamp(&self.cfg.directory);
                 self.stats.directory_reloads += 1;
             }
             // Keep the last good directory; the next refresh tries again.
@@ -601,20 +629,6 @@ impl Dsm {
     pub fn disconnect_all(&mut self) {
         self.conns.clear();
     }
-}
-
-fn read_directory(path: &std::path::Path) -> Result<Directory> {
-    let field = path.display().to_string();
-    // The directory is a ConfigMap's data (etcd keeps objects under 1.5 MiB); 16 MiB is ample.
-    let text = rocefabric_input::read::read_file(path, 16 << 20).map_err(|e| {
-        DsmError::input(&field, "", format!("cannot read the region directory: {e}"))
-    })?;
-    Directory::parse(&field, &text)
-}
-
-fn stamp(path: &std::path::Path) -> Option<(SystemTime, u64)> {
-    let m = std::fs::metadata(path).ok()?;
-    Some((m.modified().ok()?, m.len()))
 }
 
 /// Whether the peer closed the stream (EOF on a non-blocking peek).

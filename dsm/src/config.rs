@@ -3,8 +3,11 @@
 
 use rocefabric_formats::env::{
     NCCL_IB_GID_INDEX, NCCL_IB_HCA, NCCL_IB_TC, POD_NAME, POD_UID, ROCEFABRIC_DIRECTORY,
-    ROCEFABRIC_DSM_PORT, ROCEFABRIC_HCA, ROCEFABRIC_REGION_FILE,
+    ROCEFABRIC_DSM_PORT, ROCEFABRIC_HCA, ROCEFABRIC_KEY_DIR, ROCEFABRIC_REGION_FILE,
 };
+use rocefabric_formats::names::{FABRIC_KEY_KEY, FABRIC_KEY_NAMESPACE_KEY, FABRIC_KEY_SUFFIX};
+
+use crate::auth::FabricKey;
 
 use crate::directory::{self, Directory};
 use crate::error::{DsmError, Result};
@@ -119,6 +122,8 @@ pub struct Inputs {
     pub region_file: std::path::PathBuf,
     /// `regions.json` of the mounted `<fabric>-regions` ConfigMap.
     pub directory: std::path::PathBuf,
+    /// The mounted `<fabric>-key` Secret (files `key` and `namespace`).
+    pub key_dir: std::path::PathBuf,
     /// `DEVICE[:PORT]`; else the first port of `NCCL_IB_HCA`.
     pub hca: Option<String>,
     pub nccl_ib_hca: Option<String>,
@@ -140,6 +145,7 @@ pub struct Inputs {
 pub const DEFAULT_PORT: u16 = 18516;
 pub const DEFAULT_REGION_FILE: &str = "/etc/rocefabric/region";
 pub const DEFAULT_DIRECTORY: &str = "/etc/rocefabric/directory/regions.json";
+pub const DEFAULT_KEY_DIR: &str = "/etc/rocefabric/key";
 
 impl Inputs {
     /// The conventional pod: files at the default paths, the device plugin's variables,
@@ -159,6 +165,9 @@ impl Inputs {
                 .into(),
             directory: var(ROCEFABRIC_DIRECTORY)
                 .unwrap_or_else(|| DEFAULT_DIRECTORY.into())
+                .into(),
+            key_dir: var(ROCEFABRIC_KEY_DIR)
+                .unwrap_or_else(|| DEFAULT_KEY_DIR.into())
                 .into(),
             hca: var(ROCEFABRIC_HCA),
             nccl_ib_hca: var(NCCL_IB_HCA),
@@ -229,9 +238,12 @@ impl Inputs {
                 ));
             }
         };
+        let (namespace, key) = read_key(&self.key_dir, &window.fabric)?;
         Ok(crate::Config {
             pod,
             uid,
+            namespace,
+            key,
             window,
             directory: self.directory,
             hca,
@@ -244,4 +256,41 @@ impl Inputs {
             expose: self.expose,
         })
     }
+}
+
+/// The fabric key and its namespace from the mounted `<fabric>-key` Secret at `dir`.
+pub fn read_key(dir: &std::path::Path, fabric: &str) -> Result<(String, FabricKey)> {
+    let read = |name: &str| {
+        let path = dir.join(name);
+        let mut bytes = Vec::new();
+        rocefabric_input::read::open_file(&path, 4096)
+            .map_err(|e| e.to_string())
+            .and_then(|mut r| {
+                std::io::Read::read_to_end(&mut r, &mut bytes).map_err(|e| e.to_string())
+            })
+            .map(|_| bytes)
+            .map_err(|e| {
+                DsmError::input(
+                    path.display().to_string(),
+                    "",
+                    format!(
+                        "cannot read the fabric key (mount the Secret {fabric}{FABRIC_KEY_SUFFIX} \
+                     read-only at {}): {e}",
+                        dir.display()
+                    ),
+                )
+            })
+    };
+    let key_path = dir.join(FABRIC_KEY_KEY).display().to_string();
+    let key = FabricKey::new(&read(FABRIC_KEY_KEY)?)
+        .map_err(|why| DsmError::input(&key_path, "", why))?;
+    let ns_path = dir.join(FABRIC_KEY_NAMESPACE_KEY).display().to_string();
+    let namespace = String::from_utf8(read(FABRIC_KEY_NAMESPACE_KEY)?)
+        .map_err(|_| DsmError::input(&ns_path, "", "not UTF-8"))?
+        .trim()
+        .to_string();
+    if namespace.is_empty() {
+        return Err(DsmError::input(&ns_path, "", "empty"));
+    }
+    Ok((namespace, key))
 }

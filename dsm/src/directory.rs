@@ -107,6 +107,25 @@ impl Directory {
     }
 }
 
+/// Read and parse the directory file at `path`.
+pub(crate) fn read(path: &std::path::Path) -> Result<Directory> {
+    let field = path.display().to_string();
+    // The directory is a ConfigMap's data (etcd keeps objects under 1.5 MiB); 16 MiB is ample.
+    let text = rocefabric_input::read::read_file(path, 16 << 20).map_err(|e| {
+        DsmError::input(&field, "", format!("cannot read the region directory: {e}"))
+    })?;
+    Directory::parse(&field, &text)
+}
+
+/// What tells a changed directory file: its modification time and length (none when unreadable).
+pub(crate) type Stamp = Option<(std::time::SystemTime, u64)>;
+
+/// The [`Stamp`] of the file at `path` now.
+pub(crate) fn stamp(path: &std::path::Path) -> Stamp {
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.modified().ok()?, m.len()))
+}
+
 fn snippet(text: &str) -> String {
     let t = text.trim();
     match t.char_indices().nth(80) {

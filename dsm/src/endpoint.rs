@@ -1,35 +1,99 @@
-//! The rendezvous endpoint: a TCP listener on the pod IP that connects a queue pair to each peer
-//! that asks (see [`crate::wire`]). It is the only place the owner's CPU takes part: once a peer is
-//! connected, its reads, writes and atomics land in the window without this process seeing them.
+//! The rendezvous endpoint: a TCP listener on the pod IP that admits the fabric's pods and connects
+//! a queue pair to each (see [`crate::wire`], [`crate::handshake`]). It is the only place the
+//! owner's CPU takes part: once a peer is connected, its reads, writes and atomics land in the
+//! window without this process seeing them.
+//!
+//! Bounded: at most [`Limits::max_peers`] connections (and so threads and queue pairs) at once, a
+//! connection over the cap is refused at once; the whole handshake has a deadline; a peer that
+//! sends nothing (not even its keepalive) for the idle timeout is dropped and its queue pair freed.
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::auth::Identity;
+use crate::directory::{self, Directory};
 use crate::error::{DsmError, Result};
-use crate::verbs::{Hca, Registered};
-use crate::wire::{self, Hello, Offer, Reply};
+use crate::handshake::{self, Window};
+use crate::verbs::{Hca, Qp, Registered};
+use crate::wire::{self, Offer, QpAddress, Reply};
 
-/// Who this endpoint exposes.
+/// The window this endpoint serves over the HCA.
 pub struct Exposed {
-    pub fabric: String,
-    pub pod: String,
-    pub uid: String,
     pub base: u64,
     pub size: u64,
     pub hca: Arc<Hca>,
     pub window: Registered,
 }
 
+impl Window for Exposed {
+    type Conn = Qp;
+    fn connect(&self, peer: QpAddress) -> Result<(Qp, Offer), String> {
+        let mut qp = self.hca.queue_pair(4).map_err(|e| e.to_string())?;
+        qp.connect(peer).map_err(|e| e.to_string())?;
+        let offer = Offer {
+            qp: qp.address(),
+            base: self.base,
+            size: self.size,
+            addr: self.window.mapping.addr(),
+            rkey: self.window.rkey(),
+            proof: String::new(),
+        };
+        Ok((qp, offer))
+    }
+}
+
+/// Who the endpoint is and whom it admits: the pods of the directory at `directory` (re-read when
+/// the file changes), proving `identity`'s fabric key.
+pub struct Owner {
+    pub identity: Identity,
+    pub directory: PathBuf,
+}
+
+/// The endpoint's bounds.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Connections served at once (each holds a thread and a queue pair).
+    pub max_peers: usize,
+    /// How long a peer has for the whole handshake.
+    pub handshake: Duration,
+    /// A connected peer that sends nothing for this long is dropped (initiators send a keepalive
+    /// every [`KEEPALIVE`]).
+    pub idle: Duration,
+}
+
+/// How often an initiator tells the owners it is connected to that it is alive.
+pub const KEEPALIVE: Duration = Duration::from_secs(20);
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_peers: 256,
+            handshake: Duration::from_secs(5),
+            idle: KEEPALIVE * 6,
+        }
+    }
+}
+
 /// A running endpoint; stops (and destroys its peers' queue pairs) when dropped.
 pub struct Endpoint {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
-    accepted: Arc<AtomicU64>,
+    counts: Arc<Counts>,
     thread: Option<JoinHandle<()>>,
+}
+
+#[derive(Default)]
+struct Counts {
+    connections: AtomicU64,
+    accepted: AtomicU64,
+    busy: AtomicU64,
+    active: AtomicUsize,
+    peak: AtomicUsize,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -38,61 +102,44 @@ impl std::fmt::Debug for Endpoint {
     }
 }
 
-/// How long a peer has to send its whole hello.
-const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+/// The directory file, re-read when its modification time or length changed.
+struct DirectoryFile {
+    path: PathBuf,
+    last: Mutex<Option<(directory::Stamp, Directory)>>,
+}
 
-/// Read one newline-terminated line of at most `max` bytes from `stream`, all of it before
-/// `deadline`: a peer that sends a byte now and then cannot hold the reader past it. Each side of
-/// the rendezvous sends exactly one line, so what a read brings after the newline is dropped.
-pub(crate) fn read_line_by(
-    mut stream: &TcpStream,
-    deadline: Instant,
-    max: usize,
-) -> std::io::Result<String> {
-    let mut line = Vec::new();
-    let mut chunk = [0u8; 512];
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let timed_out = || {
-            std::io::Error::new(
-                ErrorKind::TimedOut,
-                format!(
-                    "no full line within the deadline ({} bytes came)",
-                    line.len()
-                ),
-            )
-        };
-        if left.is_zero() {
-            return Err(timed_out());
-        }
-        stream.set_read_timeout(Some(left))?;
-        let n = match stream.read(&mut chunk) {
-            Ok(0) => return Err(ErrorKind::UnexpectedEof.into()),
-            Ok(n) => n,
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                return Err(timed_out());
+impl DirectoryFile {
+    fn current(&self) -> Result<Directory> {
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        let stamp = directory::stamp(&self.path);
+        match &*last {
+            Some((s, d)) if *s == stamp && stamp.is_some() => Ok(d.clone()),
+            _ => {
+                let d = directory::read(&self.path)?;
+                *last = Some((stamp, d.clone()));
+                Ok(d)
             }
-            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        line.extend_from_slice(&chunk[..n]);
-        if let Some(end) = line.iter().position(|&b| b == b'\n') {
-            line.truncate(end + 1);
-            return String::from_utf8(line)
-                .map_err(|e| std::io::Error::new(ErrorKind::InvalidData, e));
-        }
-        if line.len() > max {
-            return Err(std::io::Error::new(
-                ErrorKind::InvalidData,
-                format!("no newline in the first {max} bytes"),
-            ));
         }
     }
 }
 
+struct Shared<W> {
+    owner: Identity,
+    directory: DirectoryFile,
+    window: W,
+    limits: Limits,
+    stop: Arc<AtomicBool>,
+    counts: Arc<Counts>,
+}
+
 impl Endpoint {
-    /// Listen on `listen` and serve `exposed` from a background thread.
-    pub fn start(listen: SocketAddr, exposed: Exposed) -> Result<Endpoint> {
+    /// Listen on `listen` and serve `window` to the peers `owner` admits, from background threads.
+    pub fn start<W: Window>(
+        listen: SocketAddr,
+        owner: Owner,
+        window: W,
+        limits: Limits,
+    ) -> Result<Endpoint> {
         let listener = TcpListener::bind(listen)
             .map_err(|e| DsmError::input("listen address", listen.to_string(), e.to_string()))?;
         let addr = listener
@@ -102,19 +149,26 @@ impl Endpoint {
             .set_nonblocking(true)
             .map_err(|e| DsmError::input("listen address", addr.to_string(), e.to_string()))?;
         let stop = Arc::new(AtomicBool::new(false));
-        let accepted = Arc::new(AtomicU64::new(0));
-        let exposed = Arc::new(exposed);
-        let thread = {
-            let (stop, accepted) = (Arc::clone(&stop), Arc::clone(&accepted));
-            std::thread::Builder::new()
-                .name("dsm-endpoint".into())
-                .spawn(move || accept_loop(listener, exposed, stop, accepted))
-                .map_err(|e| DsmError::input("endpoint thread", "", e.to_string()))?
-        };
+        let counts = Arc::new(Counts::default());
+        let shared = Arc::new(Shared {
+            owner: owner.identity,
+            directory: DirectoryFile {
+                path: owner.directory,
+                last: Mutex::new(None),
+            },
+            window,
+            limits,
+            stop: Arc::clone(&stop),
+            counts: Arc::clone(&counts),
+        });
+        let thread = std::thread::Builder::new()
+            .name("dsm-endpoint".into())
+            .spawn(move || accept_loop(listener, shared))
+            .map_err(|e| DsmError::input("endpoint thread", "", e.to_string()))?;
         Ok(Endpoint {
             addr,
             stop,
-            accepted,
+            counts,
             thread: Some(thread),
         })
     }
@@ -124,9 +178,29 @@ impl Endpoint {
         self.addr
     }
 
+    /// TCP connections taken from the listener so far.
+    pub fn connections(&self) -> u64 {
+        self.counts.connections.load(Ordering::Relaxed)
+    }
+
     /// Peers connected so far.
     pub fn accepted(&self) -> u64 {
-        self.accepted.load(Ordering::Relaxed)
+        self.counts.accepted.load(Ordering::Relaxed)
+    }
+
+    /// Connections refused because the endpoint served its cap already.
+    pub fn refused_busy(&self) -> u64 {
+        self.counts.busy.load(Ordering::Relaxed)
+    }
+
+    /// Connections being served now (handshaking or connected).
+    pub fn active(&self) -> usize {
+        self.counts.active.load(Ordering::Relaxed)
+    }
+
+    /// The most connections served at once so far (never above the cap).
+    pub fn peak(&self) -> usize {
+        self.counts.peak.load(Ordering::Relaxed)
     }
 }
 
@@ -139,32 +213,48 @@ impl Drop for Endpoint {
     }
 }
 
-fn accept_loop(
-    listener: TcpListener,
-    exposed: Arc<Exposed>,
-    stop: Arc<AtomicBool>,
-    accepted: Arc<AtomicU64>,
-) {
-    while !stop.load(Ordering::Relaxed) {
+/// One slot of the cap, given back when the connection's thread ends (or never started).
+struct Slot(Arc<Counts>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+fn accept_loop<W: Window>(listener: TcpListener, shared: Arc<Shared<W>>) {
+    let counts = &shared.counts;
+    while !shared.stop.load(Ordering::Relaxed) {
         match listener.accept() {
             Ok((stream, peer)) => {
-                let (exposed, stop, accepted) = (
-                    Arc::clone(&exposed),
-                    Arc::clone(&stop),
-                    Arc::clone(&accepted),
-                );
-                let _ = std::thread::Builder::new()
-                    .name("dsm-peer".into())
-                    .spawn(move || {
-                        let span = tracing::info_span!("peer", %peer);
-                        let _e = span.enter();
-                        match serve_peer(stream, &exposed, &stop, &accepted) {
-                            Ok(()) => tracing::debug!("peer disconnected"),
-                            Err(e) => tracing::warn!(error = %e, "peer refused or failed"),
-                        }
-                    });
+                counts.connections.fetch_add(1, Ordering::Relaxed);
+                let active = counts.active.fetch_add(1, Ordering::Relaxed) + 1;
+                let slot = Slot(Arc::clone(counts));
+                if active > shared.limits.max_peers {
+                    counts.busy.fetch_add(1, Ordering::Relaxed);
+                    refuse_busy(&stream, shared.limits.max_peers);
+                    tracing::warn!(%peer, cap = shared.limits.max_peers, "refused: at the connection cap");
+                    continue;
+                }
+                counts.peak.fetch_max(active, Ordering::Relaxed);
+                let shared = Arc::clone(&shared);
+                let spawned =
+                    std::thread::Builder::new()
+                        .name("dsm-peer".into())
+                        .spawn(move || {
+                            let _slot = slot;
+                            let span = tracing::info_span!("peer", %peer);
+                            let _e = span.enter();
+                            match serve_peer(stream, peer, &shared) {
+                                Ok(()) => tracing::debug!("peer disconnected"),
+                                Err(e) => tracing::warn!(error = %e, "peer refused or failed"),
+                            }
+                        });
+                if let Err(e) = spawned {
+                    tracing::warn!(error = %e, "no thread for a peer");
+                }
             }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
                 std::thread::sleep(Duration::from_millis(20))
             }
             Err(e) => {
@@ -175,125 +265,219 @@ fn accept_loop(
     }
 }
 
-/// One peer: read its hello, refuse it or connect a queue pair to it and answer, then hold the
-/// queue pair until the peer closes the stream (or the endpoint stops).
-fn serve_peer(
+/// Tell a connection over the cap why it is closed, without waiting on it.
+fn refuse_busy(mut stream: &TcpStream, cap: usize) {
+    let _ = stream.set_nonblocking(true);
+    let why = format!("this pod serves {cap} connections already (its cap): try again later");
+    let _ = stream.write_all(&wire::encode(&Reply::Refuse(why)));
+}
+
+/// One peer: the handshake, then hold the queue pair until the peer closes the stream, goes idle
+/// past the limit, or the endpoint stops.
+fn serve_peer<W: Window>(
     stream: TcpStream,
-    me: &Exposed,
-    stop: &AtomicBool,
-    accepted: &AtomicU64,
+    from: SocketAddr,
+    shared: &Shared<W>,
 ) -> Result<(), String> {
     stream.set_nonblocking(false).map_err(|e| e.to_string())?;
-    let deadline = Instant::now() + HELLO_TIMEOUT;
-    let line = read_line_by(&stream, deadline, wire::MAX_LINE)
-        .map_err(|e| format!("reading hello: {e}"))?;
-    let mut out = &stream;
-    let hello: Hello = match serde_json::from_str(&line) {
-        Ok(h) => h,
-        Err(e) => {
-            let _ = out.write_all(&wire::encode(&Reply::Refuse(format!("not a hello: {e}"))));
-            return Err(format!("not a hello: {e}"));
-        }
-    };
-    if let Some(why) = wire::check_hello(&hello, &me.pod, &me.uid, &me.fabric) {
-        let _ = out.write_all(&wire::encode(&Reply::Refuse(why.clone())));
-        return Err(format!(
-            "refused {} ({}): {why}",
-            hello.from_pod, hello.from_uid
-        ));
-    }
-    let mut qp = me.hca.queue_pair(4).map_err(|e| e.to_string())?;
-    qp.connect(hello.qp).map_err(|e| e.to_string())?;
-    let offer = Offer {
-        pod: me.pod.clone(),
-        uid: me.uid.clone(),
-        qp: qp.address(),
-        base: me.base,
-        size: me.size,
-        addr: me.window.mapping.addr(),
-        rkey: me.window.rkey(),
-    };
-    out.write_all(&wire::encode(&Reply::Accept(offer)))
-        .map_err(|e| format!("answering: {e}"))?;
-    accepted.fetch_add(1, Ordering::Relaxed);
-    tracing::info!(from = %hello.from_pod, qpn = hello.qp.qpn, "peer connected");
-    // Hold the queue pair while the peer holds the stream; the peer never sends more.
+    let deadline = Instant::now() + shared.limits.handshake;
+    let directory = shared.directory.current().map_err(|e| {
+        let why = format!("this pod cannot read its directory: {e}");
+        let _ = (&stream).write_all(&wire::encode(&Reply::Refuse(why.clone())));
+        why
+    })?;
+    let me = &shared.owner;
+    let (conn, peer, offer) =
+        handshake::respond(&stream, deadline, me, &directory, &shared.window)?;
+    shared.counts.accepted.fetch_add(1, Ordering::Relaxed);
+    tracing::info!(
+        namespace = %me.namespace,
+        pod = %peer.pod,
+        uid = %peer.uid,
+        %from,
+        window = %me.me.pod,
+        base = %format_args!("{:#x}", offer.base),
+        size = offer.size,
+        qpn = offer.qp.qpn,
+        "peer admitted"
+    );
+    let idle = shared.limits.idle;
     stream
-        .set_read_timeout(Some(Duration::from_millis(200)))
+        .set_read_timeout(Some(Duration::from_millis(200).min(idle)))
         .map_err(|e| e.to_string())?;
-    let mut byte = [0u8; 1];
-    while !stop.load(Ordering::Relaxed) {
-        match (&stream).read(&mut byte) {
-            Ok(0) => break,
-            Ok(_) => {}
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) => {}
-            Err(_) => break,
+    let mut heard = Instant::now();
+    let mut buf = [0u8; 64];
+    let why = loop {
+        if shared.stop.load(Ordering::Relaxed) {
+            break "the endpoint stops".to_string();
         }
-    }
-    drop(qp);
+        match (&stream).read(&mut buf) {
+            Ok(0) => break "the peer closed the connection".into(),
+            Ok(_) => heard = Instant::now(),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(e) => break format!("the connection failed: {e}"),
+        }
+        if heard.elapsed() >= idle {
+            break format!("nothing heard for {idle:?}: dropping the peer");
+        }
+    };
+    drop(conn);
+    tracing::info!(pod = %peer.pod, uid = %peer.uid, %from, "{why}; queue pair destroyed");
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::net::TcpListener;
+    use crate::auth::tests::key;
+    use crate::handshake::tests::{FakeWindow, qp};
+    use crate::handshake::{Failed, initiate};
+    use crate::wire::tests::{DIR, identity};
 
-    /// A connected pair over loopback: (what the test writes to, what `read_line_by` reads).
-    fn pair() -> (TcpStream, TcpStream) {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let (server, _) = listener.accept().unwrap();
-        (client, server)
+    fn start(dir: &tempfile::TempDir, limits: Limits) -> Endpoint {
+        let path = dir.path().join("regions.json");
+        std::fs::write(&path, DIR).unwrap();
+        let owner = Owner {
+            identity: identity("b", "ub", key(1)),
+            directory: path,
+        };
+        Endpoint::start("127.0.0.1:0".parse().unwrap(), owner, FakeWindow, limits).unwrap()
     }
 
-    #[test]
-    fn a_line_is_read_whole_and_only_up_to_its_newline() {
-        let (mut peer, me) = pair();
-        peer.write_all(b"{\"hello\":1}\nrest").unwrap();
+    /// A member's handshake with the endpoint; the stream stays open (the connection) on success.
+    fn connect(e: &Endpoint, pod: &str, uid: &str) -> Result<TcpStream, String> {
+        let s = TcpStream::connect(e.addr()).map_err(|x| x.to_string())?;
         let deadline = Instant::now() + Duration::from_secs(5);
-        assert_eq!(read_line_by(&me, deadline, 64).unwrap(), "{\"hello\":1}\n");
+        initiate(
+            &s,
+            deadline,
+            &identity(pod, uid, key(1)),
+            "b",
+            Some("ub"),
+            || Ok::<_, String>(((), qp(1))),
+        )
+        .map_err(|f| match f {
+            Failed::Owner(w) | Failed::Local(w) => w,
+        })?;
+        Ok(s)
+    }
+
+    fn wait_until(what: &str, cond: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !cond() {
+            assert!(Instant::now() < deadline, "timed out waiting until {what}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     #[test]
-    fn a_peer_that_trickles_bytes_is_cut_off_at_the_deadline_not_per_read() {
-        let (mut peer, me) = pair();
-        let trickle = std::thread::spawn(move || {
-            // One byte every 50 ms for 3 s: each read returns well within any per-read timeout.
-            for _ in 0..60 {
-                if peer.write_all(b"x").is_err() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        });
-        let started = Instant::now();
-        let e = read_line_by(&me, started + Duration::from_millis(400), 4096).unwrap_err();
-        let took = started.elapsed();
-        assert_eq!(e.kind(), ErrorKind::TimedOut, "{e}");
+    fn members_are_admitted_strangers_refused_and_a_new_directory_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = start(&dir, Limits::default());
+        let _a = connect(&e, "a", "ua").unwrap();
+        wait_until("a is counted", || e.accepted() == 1);
+        let why = connect(&e, "d", "ud").unwrap_err();
         assert!(
-            e.to_string().contains("no full line within the deadline"),
-            "{e}"
+            why.contains("pod \"d\" is not in this pod's directory"),
+            "{why}"
         );
-        assert!(took < Duration::from_millis(1500), "took {took:?}");
-        drop(me);
-        trickle.join().unwrap();
+        // d joins: the endpoint reads the changed directory at the next hello.
+        let joined = DIR.replace(
+            "\n]",
+            ",\n{\"pod\":\"d\",\"id\":3,\"base\":12288,\"size\":4096,\"uid\":\"ud\"}\n]",
+        );
+        std::fs::write(dir.path().join("regions.json"), joined).unwrap();
+        let _d = connect(&e, "d", "ud").unwrap();
+        wait_until("d is counted", || e.accepted() == 2);
     }
 
     #[test]
-    fn a_line_without_newline_is_refused_past_the_limit_and_a_close_is_an_error() {
-        let (mut peer, me) = pair();
-        peer.write_all(&[b'x'; 600]).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        let e = read_line_by(&me, deadline, 100).unwrap_err();
-        assert_eq!(e.kind(), ErrorKind::InvalidData, "{e}");
-        let (peer, me) = pair();
-        drop(peer);
-        let e = read_line_by(&me, deadline, 100).unwrap_err();
-        assert_eq!(e.kind(), ErrorKind::UnexpectedEof, "{e}");
+    fn a_slow_loris_client_does_not_hold_up_others() {
+        let dir = tempfile::tempdir().unwrap();
+        let limits = Limits {
+            max_peers: 4,
+            handshake: Duration::from_millis(1500),
+            ..Limits::default()
+        };
+        let e = start(&dir, limits);
+        let mut loris = TcpStream::connect(e.addr()).unwrap();
+        loris.write_all(b"{\"vers").unwrap();
+        let started = Instant::now();
+        let _a = connect(&e, "a", "ua").unwrap();
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            started.elapsed()
+        );
+        // The loris is cut off at the handshake deadline, told why, and its slot comes back.
+        let mut answer = String::new();
+        loris
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let _ = loris.read_to_string(&mut answer);
+        assert!(
+            answer.contains("no full line within the deadline"),
+            "{answer:?}"
+        );
+        wait_until("the loris' slot is free", || e.active() == 1);
+    }
+
+    #[test]
+    fn a_thousand_connects_never_take_more_than_the_cap() {
+        let dir = tempfile::tempdir().unwrap();
+        let limits = Limits {
+            max_peers: 8,
+            handshake: Duration::from_millis(1500),
+            ..Limits::default()
+        };
+        let e = start(&dir, limits);
+        let held: Vec<TcpStream> = (0..1000)
+            .map(|_| TcpStream::connect(e.addr()).unwrap())
+            .collect();
+        wait_until("every connect is taken", || e.connections() == 1000);
+        assert!(e.peak() <= 8, "peak {}", e.peak());
+        // Slots come back as the silent ones time out while the connects still arrive: most, not
+        // all but 8, are refused.
+        assert!(e.refused_busy() >= 900, "{}", e.refused_busy());
+        // Those over the cap were told why.
+        let mut last = held.into_iter().last().unwrap();
+        let mut answer = String::new();
+        last.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let _ = last.read_to_string(&mut answer);
+        assert!(
+            answer.contains("connections already (its cap)"),
+            "{answer:?}"
+        );
+        // Once the silent ones time out, a member gets in.
+        wait_until("the silent connections time out", || e.active() == 0);
+        let _a = connect(&e, "a", "ua").unwrap();
+        assert!(e.peak() <= 8);
+    }
+
+    #[test]
+    fn an_idle_peer_is_dropped_and_a_live_one_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let limits = Limits {
+            idle: Duration::from_millis(600),
+            ..Limits::default()
+        };
+        let e = start(&dir, limits);
+        let mut live = connect(&e, "a", "ua").unwrap();
+        let mut silent = connect(&e, "a", "ua").unwrap();
+        assert_eq!(e.active(), 2);
+        for _ in 0..6 {
+            std::thread::sleep(Duration::from_millis(200));
+            live.write_all(b"\n").unwrap();
+        }
+        assert_eq!(
+            e.active(),
+            1,
+            "the silent peer was dropped, the live one kept"
+        );
+        let mut b = [0u8; 1];
+        silent
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        assert_eq!(silent.read(&mut b).unwrap(), 0, "closed");
     }
 }

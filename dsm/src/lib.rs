@@ -13,11 +13,13 @@
 //! ```
 //!
 //! Rooms: [`directory`] (who holds which window; the bounds check), [`wire`] (the rendezvous
-//! protocol), [`memory`] (hugepages or anonymous, limits), [`config`] (the pod's inputs) are pure;
-//! so are [`transport`] (the work requests and queue pair transitions, as rdma-core's structs) and
-//! `ibv` (libibverbs' ABI, declared); [`verbs`] is the only module with `unsafe` (the mapping, and
-//! the calls into libibverbs, loaded at run time); [`endpoint`] serves this pod's window;
-//! [`client`] is [`Dsm`].
+//! protocol and its checks), [`auth`] (the fabric key, nonces and proofs), [`memory`] (hugepages
+//! or anonymous, limits), [`config`] (the pod's inputs) are pure; so are [`transport`] (the work
+//! requests and queue pair transitions, as rdma-core's structs) and `ibv` (libibverbs' ABI,
+//! declared); [`verbs`] is the only module with `unsafe` (the mapping, and the calls into
+//! libibverbs, loaded at run time); [`handshake`] runs the rendezvous over a TCP stream, before any
+//! verbs resource exists; [`endpoint`] serves this pod's window, bounded; [`client`] is [`Dsm`]
+//! (its lock is in `lock`).
 //!
 //! # Memory model
 //!
@@ -42,15 +44,20 @@
 //! 4. **Multi-word records** are guarded by a lock word ([`Dsm::with_lock`]: acquire with
 //!    `compare_and_swap(0 -> me)`, access, release with `compare_and_swap(me -> 0)` on the same
 //!    connection): a reader that holds the lock never sees a record torn by a writer that takes it.
+//!    `me` ([`lock_word`]) names the holder (its uid's hash and an epoch per acquisition); a lock
+//!    whose word stays the same past the caller's lease is presumed held by a dead pod and broken.
 //! 5. **Completion means placed.** When [`Dsm::write`] returns, the data is in the owner's memory
 //!    (the owner's HCA acknowledged it; Soft-RoCE and ConnectX place before acknowledging).
 
+pub mod auth;
 pub mod client;
 pub mod config;
 pub mod directory;
 pub mod endpoint;
 pub mod error;
+pub mod handshake;
 mod ibv;
+mod lock;
 pub mod memory;
 pub mod transport;
 pub mod verbs;
@@ -59,5 +66,6 @@ pub mod wire;
 pub use client::{Access, Config, Dsm, Stats};
 pub use directory::Directory;
 pub use error::DsmError;
+pub use lock::lock_word;
 // The shared formats of `Config::window` and `Directory::entries`.
 pub use rocefabric_formats::{directory::DirectoryEntry, region::RegionAssignment};

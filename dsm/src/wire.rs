@@ -1,16 +1,33 @@
-//! The rendezvous protocol (pure): one JSON line each way over TCP on the pod IP, the way NCCL
-//! bootstraps. The initiator says who it is and whom it expects; the owner checks that it is that
-//! pod (same uid) and answers with what a one-sided peer needs: the GID of its granted HCA port,
-//! the queue pair it created for this peer, and where its window is registered (address, rkey).
-//! The TCP stream stays open for the life of the RDMA connection: when either side closes it, the
-//! other destroys its queue pair.
+//! The rendezvous protocol (pure): lines of JSON over TCP on the pod IP, the way NCCL bootstraps,
+//! with mutual authentication ([`crate::auth`]) before any queue pair exists:
+//!
+//! 1. initiator: [`Hello`] (who it is, whom its directory names, a fresh nonce);
+//! 2. owner: [`Answer`]: a [`Challenge`] (its pod and uid, its own nonce, its proof over both) when
+//!    the hello names this pod and uid and the initiator is a pod of the owner's own directory with
+//!    that uid, else a refusal;
+//! 3. initiator: [`Response`]: a [`Proof`] (its queue pair, and its proof bound to that queue
+//!    pair) when the owner is the pod and uid its directory names and proved holding the fabric
+//!    key, else a refusal;
+//! 4. owner: [`Reply`]: an [`Offer`] (its queue pair and where the window is registered, with its
+//!    proof over them for this exchange) when the proof holds, else a refusal.
+//!
+//! So nobody on the path can put its own queue pair under a member's proof, or change an offer,
+//! without the key.
+//!
+//! Every refusal names its cause and is sent to the other side before the stream closes. The TCP
+//! stream stays open for the life of the RDMA connection: when either side closes it, the other
+//! destroys its queue pair. The initiator sends a keepalive newline now and then; an owner drops a
+//! peer that sent nothing for its idle timeout.
 
 use std::net::Ipv6Addr;
 
 use serde::{Deserialize, Serialize};
 
-/// Protocol version; a peer speaking another is refused.
-pub const VERSION: u32 = 1;
+use crate::auth::{Identity, Member, Nonce, Side, Transcript};
+use crate::directory::Directory;
+
+/// Protocol version; a peer speaking another is refused (1: no authentication).
+pub const VERSION: u32 = 2;
 
 /// Largest line either side reads, so a stray client cannot make the owner buffer without end.
 pub const MAX_LINE: usize = 4096;
@@ -35,22 +52,62 @@ pub fn path_mtu(own: u32, peer: Option<u32>) -> u32 {
     peer.map_or(own, |p| own.min(p))
 }
 
-/// Initiator to owner.
+/// Initiator to owner, first.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Hello {
     pub version: u32,
     pub fabric: String,
-    /// The initiating pod and its uid (for the owner's logs and metrics).
+    pub namespace: String,
+    /// The initiating pod and its uid.
     pub from_pod: String,
     pub from_uid: String,
     /// The window owner the initiator's directory names; the owner refuses when it is not.
     pub to_pod: String,
+    /// Absent when the initiator's directory has none: refused (an owner that cannot be told
+    /// from a replaced one is never connected).
     pub to_uid: Option<String>,
+    /// The initiator's challenge (hex).
+    pub nonce: String,
+}
+
+/// Owner to initiator, first.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Answer {
+    Challenge(Challenge),
+    Refuse(String),
+}
+
+/// The owner says who it is, proves it, and challenges the initiator.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Challenge {
+    pub pod: String,
+    pub uid: String,
+    pub nonce: String,
+    /// The owner's proof over the transcript (hex).
+    pub proof: String,
+}
+
+/// Initiator to owner, second.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Response {
+    Prove(Proof),
+    Refuse(String),
+}
+
+/// The initiator's proof, and the queue pair it made for the owner once the owner proved itself.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Proof {
+    pub proof: String,
     pub qp: QpAddress,
 }
 
-/// Owner to initiator.
+/// Owner to initiator, last (a refusal before the hello was read has this shape too: every refusal
+/// is `{"refuse": why}`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum Reply {
@@ -62,8 +119,6 @@ pub enum Reply {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Offer {
-    pub pod: String,
-    pub uid: String,
     pub qp: QpAddress,
     /// The window in the fabric's address space.
     pub base: u64,
@@ -71,31 +126,234 @@ pub struct Offer {
     /// Where the window is registered in the owner's process, and its remote key.
     pub addr: u64,
     pub rkey: u32,
+    /// The owner's proof over the exchange and the fields above (hex; empty until signed).
+    #[serde(default)]
+    pub proof: String,
 }
 
-/// Why the owner turns a hello down, or `None` to accept. `me` is the owner's (pod, uid, fabric).
-pub fn check_hello(hello: &Hello, pod: &str, uid: &str, fabric: &str) -> Option<String> {
+/// The hello an initiator `us` sends to the owner `to` (`to_uid`: what its directory names).
+pub fn hello(us: &Identity, to_pod: &str, to_uid: Option<&str>, nonce: &Nonce) -> Hello {
+    Hello {
+        version: VERSION,
+        fabric: us.fabric.clone(),
+        namespace: us.namespace.clone(),
+        from_pod: us.me.pod.clone(),
+        from_uid: us.me.uid.clone(),
+        to_pod: to_pod.to_string(),
+        to_uid: to_uid.map(String::from),
+        nonce: nonce.to_hex(),
+    }
+}
+
+/// One rendezvous as both ends see it once the owner has answered: the hello, both pods, both
+/// nonces. Every proof is over its transcript, each bound to what it vouches for.
+#[derive(Clone, Debug)]
+pub struct Exchange {
+    pub hello: Hello,
+    pub initiator: Member,
+    pub owner: Member,
+    nonces: (Nonce, Nonce),
+}
+
+/// What a proof vouches for besides the exchange: a queue pair, or an offer without its proof.
+fn bound<T: Serialize>(what: &T) -> Vec<u8> {
+    encode(what)
+}
+
+impl Exchange {
+    fn transcript(&self) -> Transcript<'_> {
+        Transcript {
+            fabric: &self.hello.fabric,
+            namespace: &self.hello.namespace,
+            initiator: &self.initiator,
+            owner: &self.owner,
+            initiator_nonce: &self.nonces.0,
+            owner_nonce: &self.nonces.1,
+        }
+    }
+
+    fn refused(&self, who: &Member, us: &Identity) -> String {
+        format!(
+            "pod {} ({}) did not prove holding the fabric key of {:?} in namespace {:?}",
+            who.pod, who.uid, us.fabric, us.namespace
+        )
+    }
+
+    /// The initiator's proof, bound to the queue pair `qp` it made for the owner.
+    pub fn prove(&self, us: &Identity, qp: QpAddress) -> Proof {
+        let proof = self
+            .transcript()
+            .prove(&us.key, Side::Initiator, &bound(&qp));
+        Proof { proof, qp }
+    }
+
+    /// The owner checks the initiator's proof (for this exchange and the queue pair it names).
+    pub fn check_proof(&self, us: &Identity, proof: &Proof) -> Result<(), String> {
+        let t = self.transcript();
+        if t.verify(&us.key, Side::Initiator, &bound(&proof.qp), &proof.proof) {
+            Ok(())
+        } else {
+            Err(self.refused(&self.initiator, us))
+        }
+    }
+
+    /// The owner's offer, signed for this exchange.
+    pub fn sign(&self, us: &Identity, mut offer: Offer) -> Offer {
+        offer.proof = String::new();
+        offer.proof = self
+            .transcript()
+            .prove(&us.key, Side::Offer, &bound(&offer));
+        offer
+    }
+
+    /// The initiator checks that the offer comes from the owner it authenticated, unchanged.
+    pub fn check_offer(&self, us: &Identity, offer: &Offer) -> Result<(), String> {
+        let unsigned = Offer {
+            proof: String::new(),
+            ..offer.clone()
+        };
+        let t = self.transcript();
+        if t.verify(&us.key, Side::Offer, &bound(&unsigned), &offer.proof) {
+            Ok(())
+        } else {
+            Err(format!(
+                "the offer of pod {} ({}) does not carry its proof for this exchange",
+                self.owner.pod, self.owner.uid
+            ))
+        }
+    }
+}
+
+/// The owner `us` checks a hello against its own directory; `Ok` holds its challenge (with the
+/// fresh `nonce`), `Err` why it refuses. Admitted for a challenge are only pods this directory
+/// names with the uid the hello claims, asking for this pod and uid, in this fabric and namespace.
+pub fn check_hello(
+    hello: &Hello,
+    us: &Identity,
+    directory: &Directory,
+    nonce: Nonce,
+) -> Result<(Exchange, Challenge), String> {
     if hello.version != VERSION {
-        return Some(format!(
+        return Err(format!(
             "protocol version {} (this pod speaks {VERSION})",
             hello.version
         ));
     }
-    if hello.fabric != fabric {
-        return Some(format!(
-            "fabric {:?} (this pod is in {fabric:?})",
-            hello.fabric
+    if hello.fabric != us.fabric {
+        return Err(format!(
+            "fabric {:?} (this pod is in {:?})",
+            hello.fabric, us.fabric
         ));
     }
-    if hello.to_pod != pod {
-        return Some(format!("asked for pod {:?}, this is {pod:?}", hello.to_pod));
+    if hello.namespace != us.namespace {
+        return Err(format!(
+            "namespace {:?} (this pod is in {:?})",
+            hello.namespace, us.namespace
+        ));
+    }
+    let me = &us.me;
+    if hello.to_pod != me.pod {
+        return Err(format!(
+            "asked for pod {:?}, this is {:?}",
+            hello.to_pod, me.pod
+        ));
     }
     match hello.to_uid.as_deref() {
-        Some(u) if u != uid => Some(format!(
-            "the directory names uid {u}, pod {pod} is now uid {uid} (the window's pod was replaced)"
-        )),
-        _ => None,
+        None => {
+            return Err(format!(
+                "the hello names no uid for pod {}: an owner is only reached by its uid",
+                me.pod
+            ));
+        }
+        Some(u) if u != me.uid => {
+            return Err(format!(
+                "the directory names uid {u}, pod {} is now uid {} (the window's pod was replaced)",
+                me.pod, me.uid
+            ));
+        }
+        Some(_) => {}
     }
+    let from = &hello.from_pod;
+    let Some(entry) = directory.pod(from) else {
+        return Err(format!(
+            "pod {from:?} is not in this pod's directory of fabric {:?} in namespace {:?}",
+            us.fabric, us.namespace
+        ));
+    };
+    match entry.uid.as_deref() {
+        Some(u) if u == hello.from_uid => {}
+        Some(u) => {
+            return Err(format!(
+                "pod {from} claims uid {}, this pod's directory names uid {u}",
+                hello.from_uid
+            ));
+        }
+        None => {
+            return Err(format!(
+                "this pod's directory names no uid for pod {from} yet"
+            ));
+        }
+    }
+    let initiator_nonce = Nonce::from_hex(&hello.nonce).map_err(|e| format!("hello: {e}"))?;
+    let exchange = Exchange {
+        hello: hello.clone(),
+        initiator: Member {
+            pod: from.clone(),
+            uid: hello.from_uid.clone(),
+        },
+        owner: me.clone(),
+        nonces: (initiator_nonce, nonce),
+    };
+    let proof = exchange.transcript().prove(&us.key, Side::Owner, &[]);
+    let challenge = Challenge {
+        pod: me.pod.clone(),
+        uid: me.uid.clone(),
+        nonce: nonce.to_hex(),
+        proof,
+    };
+    Ok((exchange, challenge))
+}
+
+/// The initiator `us` checks the owner's challenge to the hello it sent with `nonce`: the owner
+/// must be the pod and uid its directory names and prove holding the fabric key over this very
+/// exchange. `Ok` holds the exchange, for the initiator's proof and the offer's check.
+pub fn check_challenge(
+    us: &Identity,
+    hello: &Hello,
+    nonce: &Nonce,
+    challenge: &Challenge,
+) -> Result<Exchange, String> {
+    if challenge.pod != hello.to_pod {
+        return Err(format!(
+            "pod {:?} answered for {:?}",
+            challenge.pod, hello.to_pod
+        ));
+    }
+    let expected = hello.to_uid.as_deref().unwrap_or_default();
+    if challenge.uid != expected {
+        return Err(format!(
+            "the owner at this address is uid {}, the directory names {expected} for pod {} \
+             (its address was reused by another pod instance)",
+            challenge.uid, hello.to_pod
+        ));
+    }
+    let owner_nonce = Nonce::from_hex(&challenge.nonce).map_err(|e| format!("challenge: {e}"))?;
+    let exchange = Exchange {
+        hello: hello.clone(),
+        initiator: us.me.clone(),
+        owner: Member {
+            pod: challenge.pod.clone(),
+            uid: challenge.uid.clone(),
+        },
+        nonces: (*nonce, owner_nonce),
+    };
+    if !exchange
+        .transcript()
+        .verify(&us.key, Side::Owner, &[], &challenge.proof)
+    {
+        return Err(exchange.refused(&exchange.owner, us));
+    }
+    Ok(exchange)
 }
 
 /// One line of JSON, newline-terminated.
@@ -107,24 +365,55 @@ pub fn encode<T: Serialize>(msg: &T) -> Vec<u8> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    use crate::auth::{FabricKey, tests::key};
 
-    fn hello(to_uid: Option<&str>) -> Hello {
-        Hello {
-            version: VERSION,
+    pub(crate) const DIR: &str = r#"[
+{"pod":"a","podIP":"127.0.0.1","id":0,"base":0,"size":4096,"uid":"ua"},
+{"pod":"b","podIP":"127.0.0.1","id":1,"base":4096,"size":4096,"uid":"ub"},
+{"pod":"c","id":2,"base":8192,"size":4096}
+]"#;
+
+    pub(crate) fn identity(pod: &str, uid: &str, key: FabricKey) -> Identity {
+        Identity {
             fabric: "f".into(),
-            from_pod: "a".into(),
-            from_uid: "ua".into(),
-            to_pod: "b".into(),
-            to_uid: to_uid.map(String::from),
-            qp: QpAddress {
-                gid: "::ffff:10.0.0.1".parse().unwrap(),
-                qpn: 17,
-                psn: 5,
-                mtu: Some(1024),
+            namespace: "ns".into(),
+            me: Member {
+                pod: pod.into(),
+                uid: uid.into(),
             },
+            key,
         }
+    }
+
+    fn qp() -> QpAddress {
+        QpAddress {
+            gid: "::ffff:10.0.0.1".parse().unwrap(),
+            qpn: 17,
+            psn: 5,
+            mtu: Some(1024),
+        }
+    }
+
+    /// Where a handshake between `initiator` and `owner` stops: the side that refused and why.
+    fn handshake(
+        initiator: &Identity,
+        owner: &Identity,
+        to_uid: Option<&str>,
+    ) -> Result<Member, (Side, String)> {
+        let directory = Directory::parse("d", DIR).unwrap();
+        let nonce = Nonce::fresh();
+        let h = hello(initiator, &owner.me.pod, to_uid, &nonce);
+        let (at_owner, challenge) =
+            check_hello(&h, owner, &directory, Nonce::fresh()).map_err(|e| (Side::Owner, e))?;
+        let proof =
+            check_challenge(initiator, &h, &nonce, &challenge).map_err(|e| (Side::Initiator, e))?;
+        let proof = proof.prove(initiator, qp());
+        at_owner
+            .check_proof(owner, &proof)
+            .map_err(|e| (Side::Owner, e))?;
+        Ok(at_owner.initiator)
     }
 
     #[test]
@@ -132,7 +421,7 @@ mod tests {
         assert_eq!(path_mtu(4096, Some(1024)), 1024);
         assert_eq!(path_mtu(1024, Some(4096)), 1024);
         assert_eq!(path_mtu(2048, None), 2048, "an older peer: our own");
-        let json = serde_json::to_string(&hello(None).qp).unwrap();
+        let json = serde_json::to_string(&qp()).unwrap();
         assert!(json.contains("\"mtu\":1024"), "{json}");
         let old: QpAddress =
             serde_json::from_str(r#"{"gid":"::ffff:10.0.0.1","qpn":1,"psn":2}"#).unwrap();
@@ -140,42 +429,245 @@ mod tests {
     }
 
     #[test]
-    fn the_owner_refuses_a_peer_whose_directory_names_another_pod_or_uid() {
-        assert_eq!(check_hello(&hello(Some("ub")), "b", "ub", "f"), None);
-        assert_eq!(check_hello(&hello(None), "b", "ub", "f"), None);
-        let why = check_hello(&hello(Some("old")), "b", "new", "f").unwrap();
+    fn a_member_holding_the_key_reaches_the_owner_its_directory_names() {
+        let (a, b) = (identity("a", "ua", key(1)), identity("b", "ub", key(1)));
+        let peer = handshake(&a, &b, Some("ub")).unwrap();
+        assert_eq!((peer.pod.as_str(), peer.uid.as_str()), ("a", "ua"));
+        // A pod connects to its own window the same way.
+        assert!(handshake(&b, &b, Some("ub")).is_ok());
+    }
+
+    #[test]
+    fn a_copied_directory_claiming_a_members_name_and_uid_without_the_key_is_refused() {
+        let owner = identity("b", "ub", key(1));
+        let stranger = identity("a", "ua", key(9));
+        let (side, why) = handshake(&stranger, &owner, Some("ub")).unwrap_err();
+        // The stranger sees the owner fail its check first (the owner's proof is under the real
+        // key); it never gets as far as proving anything.
+        assert_eq!(side, Side::Initiator);
         assert!(
-            why.contains("uid old") && why.contains("now uid new"),
+            why.contains("did not prove holding the fabric key"),
             "{why}"
         );
+        // A stranger that skips checking the owner still cannot prove itself.
+        let directory = Directory::parse("d", DIR).unwrap();
+        let nonce = Nonce::fresh();
+        let h = hello(&stranger, "b", Some("ub"), &nonce);
+        let (at_owner, challenge) = check_hello(&h, &owner, &directory, Nonce::fresh()).unwrap();
+        let forged = Transcript {
+            fabric: "f",
+            namespace: "ns",
+            initiator: &stranger.me,
+            owner: &owner.me,
+            initiator_nonce: &nonce,
+            owner_nonce: &Nonce::from_hex(&challenge.nonce).unwrap(),
+        }
+        .prove(&stranger.key, Side::Initiator, &encode(&qp()));
+        let forged = Proof {
+            proof: forged,
+            qp: qp(),
+        };
+        let why = at_owner.check_proof(&owner, &forged).unwrap_err();
+        assert_eq!(
+            why,
+            "pod a (ua) did not prove holding the fabric key of \"f\" in namespace \"ns\""
+        );
+    }
+
+    #[test]
+    fn a_recorded_or_reflected_proof_answers_no_later_challenge() {
+        let (a, b) = (identity("a", "ua", key(1)), identity("b", "ub", key(1)));
+        let directory = Directory::parse("d", DIR).unwrap();
+        let nonce = Nonce::fresh();
+        let h = hello(&a, "b", Some("ub"), &nonce);
+        let (_, challenge) = check_hello(&h, &b, &directory, Nonce::fresh()).unwrap();
+        let recorded = check_challenge(&a, &h, &nonce, &challenge)
+            .unwrap()
+            .prove(&a, qp());
+        // The same hello replayed later gets a fresh owner nonce: the recorded proof fails.
+        let (at_owner, _) = check_hello(&h, &b, &directory, Nonce::fresh()).unwrap();
+        let why = at_owner.check_proof(&b, &recorded).unwrap_err();
+        assert!(why.contains("did not prove"), "{why}");
+        // The owner's own proof sent back as the initiator's.
+        let (at_owner, challenge) = check_hello(&h, &b, &directory, Nonce::fresh()).unwrap();
+        let reflected = Proof {
+            proof: challenge.proof,
+            qp: qp(),
+        };
+        assert!(at_owner.check_proof(&b, &reflected).is_err());
+        // A recorded challenge replayed to a new hello (new initiator nonce) fails too.
+        let (_, old) = check_hello(&h, &b, &directory, Nonce::fresh()).unwrap();
+        let again = Nonce::fresh();
+        let h2 = hello(&a, "b", Some("ub"), &again);
+        assert!(check_challenge(&a, &h2, &again, &old).is_err());
+    }
+
+    #[test]
+    fn a_swapped_queue_pair_or_changed_offer_is_caught() {
+        let (a, b) = (identity("a", "ua", key(1)), identity("b", "ub", key(1)));
+        let directory = Directory::parse("d", DIR).unwrap();
+        let nonce = Nonce::fresh();
+        let h = hello(&a, "b", Some("ub"), &nonce);
+        let (at_owner, challenge) = check_hello(&h, &b, &directory, Nonce::fresh()).unwrap();
+        let at_initiator = check_challenge(&a, &h, &nonce, &challenge).unwrap();
+        let proof = at_initiator.prove(&a, qp());
+        assert_eq!(at_owner.check_proof(&b, &proof), Ok(()));
+        // Someone on the path puts its own queue pair under the initiator's proof.
+        let swapped = Proof {
+            qp: QpAddress { qpn: 99, ..qp() },
+            ..proof
+        };
+        assert!(at_owner.check_proof(&b, &swapped).is_err());
+        let offer = Offer {
+            qp: qp(),
+            base: 4096,
+            size: 4096,
+            addr: 0x7000,
+            rkey: 42,
+            proof: String::new(),
+        };
+        let signed = at_owner.sign(&b, offer.clone());
+        assert_eq!(at_initiator.check_offer(&a, &signed), Ok(()));
+        assert!(at_initiator.check_offer(&a, &offer).is_err(), "unsigned");
+        let changed = Offer {
+            rkey: 43,
+            ..signed.clone()
+        };
+        let why = at_initiator.check_offer(&a, &changed).unwrap_err();
+        assert_eq!(
+            why,
+            "the offer of pod b (ub) does not carry its proof for this exchange"
+        );
+        // An offer signed for another exchange (a replay) does not fit this one.
+        let (other, _) = check_hello(&h, &b, &directory, Nonce::fresh()).unwrap();
         assert!(
-            check_hello(&hello(Some("ub")), "c", "ub", "f")
-                .unwrap()
+            at_initiator
+                .check_offer(&a, &other.sign(&b, offer))
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn the_owner_refuses_other_fabrics_namespaces_unknown_pods_and_missing_uids() {
+        let b = identity("b", "ub", key(1));
+        let refused = |i: &Identity, to_uid: Option<&str>| handshake(i, &b, to_uid).unwrap_err();
+        let mut other = identity("a", "ua", key(1));
+        other.fabric = "g".into();
+        assert_eq!(
+            refused(&other, Some("ub")),
+            (Side::Owner, "fabric \"g\" (this pod is in \"f\")".into())
+        );
+        let mut other = identity("a", "ua", key(1));
+        other.namespace = "ns2".into();
+        assert!(refused(&other, Some("ub")).1.contains("namespace \"ns2\""));
+        let (_, why) = refused(&identity("a", "ua", key(1)), None);
+        assert!(why.contains("names no uid for pod b"), "{why}");
+        let (_, why) = refused(&identity("z", "uz", key(1)), Some("ub"));
+        assert_eq!(
+            why,
+            "pod \"z\" is not in this pod's directory of fabric \"f\" in namespace \"ns\""
+        );
+        let (_, why) = refused(&identity("a", "u-old", key(1)), Some("ub"));
+        assert_eq!(
+            why,
+            "pod a claims uid u-old, this pod's directory names uid ua"
+        );
+        let (_, why) = refused(&identity("c", "uc", key(1)), Some("ub"));
+        assert!(why.contains("names no uid for pod c"), "{why}");
+        let (_, why) = refused(&identity("a", "ua", key(1)), Some("u-replaced"));
+        assert!(
+            why.contains("uid u-replaced") && why.contains("now uid ub"),
+            "{why}"
+        );
+        let mut h = hello(
+            &identity("a", "ua", key(1)),
+            "b",
+            Some("ub"),
+            &Nonce::fresh(),
+        );
+        h.version = 1;
+        let d = Directory::parse("d", DIR).unwrap();
+        assert!(
+            check_hello(&h, &b, &d, Nonce::fresh())
+                .unwrap_err()
+                .contains("version 1")
+        );
+        h.version = VERSION;
+        h.nonce = "00".into();
+        assert!(
+            check_hello(&h, &b, &d, Nonce::fresh())
+                .unwrap_err()
+                .contains("nonce")
+        );
+        let mut wrong = identity("a", "ua", key(1));
+        wrong.me.pod = "b".into();
+        let h = hello(&wrong, "a", Some("ua"), &Nonce::fresh());
+        assert!(
+            check_hello(&h, &b, &d, Nonce::fresh())
+                .unwrap_err()
                 .contains("asked for pod")
         );
+    }
+
+    #[test]
+    fn the_initiator_refuses_a_replaced_owner_at_the_same_address() {
+        let a = identity("a", "ua", key(1));
+        // The pod IP now belongs to b's replacement (same name, new uid), in the fabric.
+        let nonce = Nonce::fresh();
+        let h = hello(&a, "b", Some("ub"), &nonce);
+        // What the replacement would answer if it did not check the uid itself.
+        let challenge = Challenge {
+            pod: "b".into(),
+            uid: "ub-new".into(),
+            nonce: Nonce::fresh().to_hex(),
+            proof: String::new(),
+        };
+        let why = check_challenge(&a, &h, &nonce, &challenge).unwrap_err();
         assert!(
-            check_hello(&hello(Some("ub")), "b", "ub", "g")
-                .unwrap()
-                .contains("fabric")
+            why.contains("uid ub-new") && why.contains("names ub for pod b"),
+            "{why}"
         );
-        let mut h = hello(None);
-        h.version = 9;
+        // And a stranger answering under b's name and uid has no proof.
+        let forged = Challenge {
+            uid: "ub".into(),
+            proof: "00".repeat(32),
+            ..challenge
+        };
+        let why = check_challenge(&a, &h, &nonce, &forged).unwrap_err();
+        assert!(why.contains("did not prove"), "{why}");
         assert!(
-            check_hello(&h, "b", "ub", "f")
-                .unwrap()
-                .contains("version 9")
+            check_challenge(
+                &a,
+                &h,
+                &nonce,
+                &Challenge {
+                    pod: "x".into(),
+                    ..forged
+                }
+            )
+            .unwrap_err()
+            .contains("answered for")
         );
     }
 
     #[test]
     fn messages_are_one_json_line_each() {
-        let line = encode(&hello(Some("ub")));
+        let h = hello(
+            &identity("a", "ua", key(1)),
+            "b",
+            Some("ub"),
+            &Nonce([0; 32]),
+        );
+        let line = encode(&h);
         assert_eq!(line.iter().filter(|&&b| b == b'\n').count(), 1);
         let back: Hello = serde_json::from_slice(&line).unwrap();
-        assert_eq!(back, hello(Some("ub")));
-        let r = Reply::Refuse("no".into());
+        assert_eq!(back, h);
         assert_eq!(
-            String::from_utf8(encode(&r)).unwrap(),
+            String::from_utf8(encode(&Reply::Refuse("no".into()))).unwrap(),
+            "{\"refuse\":\"no\"}\n"
+        );
+        assert_eq!(
+            String::from_utf8(encode(&Response::Refuse("no".into()))).unwrap(),
             "{\"refuse\":\"no\"}\n"
         );
     }

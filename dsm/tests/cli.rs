@@ -22,8 +22,15 @@ fn dsm(dir: &Path, args: &[&str]) -> Output {
         r#"[{"pod":"a","podIP":"127.0.0.1","id":1,"base":2097152,"size":2097152,"uid":"u-a"}]"#,
     )
     .unwrap();
+    let key = dir.join("key");
+    if !key.exists() {
+        std::fs::create_dir(&key).unwrap();
+        std::fs::write(key.join("key"), [7u8; 32]).unwrap();
+        std::fs::write(key.join("namespace"), "ns").unwrap();
+    }
     Command::new(env!("CARGO_BIN_EXE_rocefabric-dsm"))
         .args(["--region", region.to_str().unwrap()])
+        .args(["--key-dir", key.to_str().unwrap()])
         .args(["--directory", directory.to_str().unwrap()])
         .args([
             "--hca",
@@ -97,6 +104,26 @@ fn an_hca_this_machine_does_not_have_is_named_with_the_cause() {
             "rocefabric-dsm: HCA nosuch0: loading libibverbs: cannot load libibverbs.so.1"
         ) || err.starts_with("rocefabric-dsm: HCA \"nosuch0\": no such RDMA device")
             || err.starts_with("rocefabric-dsm: HCA nosuch0: listing RDMA devices"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_pod_without_the_fabric_key_is_told_which_secret_to_mount() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("key")).unwrap();
+    let out = dsm(dir.path(), &["read", "--addr", "a", "--len", "8"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("cannot read the fabric key (mount the Secret f-key read-only at"),
+        "{err}"
+    );
+    std::fs::write(dir.path().join("key/key"), [1u8; 8]).unwrap();
+    std::fs::write(dir.path().join("key/namespace"), "ns").unwrap();
+    let err = stderr(&dsm(dir.path(), &["read", "--addr", "a", "--len", "8"]));
+    assert!(
+        err.contains("8 bytes: a fabric key has at least 32"),
         "{err}"
     );
 }

@@ -232,8 +232,11 @@ cli_data() {
 }
 # set_directory FILE: replace the mounted directory atomically, as the kubelet does.
 set_directory() { cp "$1" /tmp/dsm/regions.tmp && mv /tmp/dsm/regions.tmp /tmp/dsm/regions.json; }
-mkdir -p /tmp/dsm
+mkdir -p /tmp/dsm/key
+# The fabric key both VMs' pods hold (the operator's <fabric>-key Secret, mounted).
+printf '%s' 'rocefabric-e2e-fabric-key-32-byt' >/tmp/dsm/key/key && echo default >/tmp/dsm/key/namespace
 export NCCL_IB_HCA==rxe0:1 NCCL_IB_TC=106 ROCEFABRIC_DIRECTORY=/tmp/dsm/regions.json ROCEFABRIC_LOG=warn
+export ROCEFABRIC_KEY_DIR=/tmp/dsm/key
 "#;
 
 /// `cat > PATH` of `text` as a here-document.

@@ -17,6 +17,7 @@ mod netlink;
 mod node;
 mod objects;
 mod regions;
+mod rendezvous;
 mod sysfs;
 
 /// One fuzz target: a name (also its corpus folder) and the function that checks one input.
@@ -84,6 +85,11 @@ pub const TARGETS: &[Target] = &[
         name: "region_directory",
         covers: "the regions.json directory: formats directory::parse and render (the operator's), data plane Directory::parse and owner lookup",
         run: regions::region_directory,
+    },
+    Target {
+        name: "rendezvous",
+        covers: "the data plane's rendezvous lines: dsm wire Hello/Response/Answer/Reply, check_hello against a directory, check_proof, check_challenge",
+        run: rendezvous::rendezvous,
     },
     Target {
         name: "quantity",

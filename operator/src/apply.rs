@@ -8,12 +8,12 @@
 //! | `ApplyFabricStatus` | `PATCH /apis/rocefabric.io/v1alpha1/rocefabrics/{name}/status?fieldManager=rocefabric-operator&force=true`, server-side apply of the status subresource |
 //! | `AnnotatePodRegion` | `PATCH /api/v1/namespaces/{ns}/pods/{pod}?fieldManager=rocefabric-operator`, JSON merge patch of the annotation with the pod's `uid` and `resourceVersion` as preconditions (409 when the pod is not the one planned for: the write fails and the gate stays) |
 //! | `RemovePodGate` | `GET` the pod, then `PATCH` (JSON patch) `test` that `metadata.uid` is the pod read and `spec.schedulingGates[i].name` is ours, and `remove` index `i`; nothing is sent when the gate is already gone, and the gate is kept when the pod does not carry its region annotation |
-//! | `ApplyRegionDirectory` | `PATCH /api/v1/namespaces/{ns}/configmaps/{fabric}-regions?fieldManager=rocefabric-operator&force=true` |
+//! | `ApplyRegionDirectory` | `POST /api/v1/namespaces/{ns}/secrets?fieldManager=rocefabric-operator` of the fabric key Secret `{fabric}-key` with 32 fresh random bytes (409, it exists, counts as done: a key is never replaced, and the operator needs no right to read Secrets), then `PATCH /api/v1/namespaces/{ns}/configmaps/{fabric}-regions?fieldManager=rocefabric-operator&force=true` |
 //! | `DeleteRegionDirectory` | `DELETE /api/v1/namespaces/{ns}/configmaps/{fabric}-regions` (404 counts as done) |
 //! | `Event` | `POST` (or `PATCH` for a repeat) `/apis/events.k8s.io/v1/namespaces/{ns}/events` through `kube::runtime::events::Recorder`; cluster-scoped objects' Events go to `default` |
 
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
-use kube::api::{DeleteParams, Patch, PatchParams};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType, Recorder, Reporter};
 use kube::{Api, Client, Resource};
 use rocefabric_api::constants::{
@@ -23,7 +23,8 @@ use rocefabric_api::{RoceFabric, RoceFabricStatus, RoceNode};
 use serde_json::json;
 
 use crate::planner::writes::{
-    Event, EventType, Write, region_directory_name, region_directory_object, roce_node_object,
+    Event, EventType, Write, fabric_key_name, fabric_key_object, region_directory_name,
+    region_directory_object, roce_node_object,
 };
 
 /// Action of every Event the operator records (events.k8s.io/v1 requires one).
@@ -107,6 +108,17 @@ impl std::fmt::Debug for Executor {
     }
 }
 
+/// 32 bytes from the system's random source (getrandom(2); it does not fail once the pool is
+/// initialized, which it is long before an operator runs).
+fn fresh_key() -> [u8; 32] {
+    use ring::rand::SecureRandom;
+    let mut key = [0u8; 32];
+    ring::rand::SystemRandom::new()
+        .fill(&mut key)
+        .unwrap_or_else(|_| panic!("the system random source failed"));
+    key
+}
+
 fn is_not_found(err: &kube::Error) -> bool {
     matches!(err, kube::Error::Api(status) if status.code == 404)
 }
@@ -173,6 +185,8 @@ impl Executor {
                 fabric_uid,
                 data,
             } => {
+                self.ensure_fabric_key(namespace, fabric, fabric_uid)
+                    .await?;
                 let body = region_directory_object(namespace, fabric, fabric_uid, data);
                 self.apply_directory(namespace, fabric, &body).await
             }
@@ -286,6 +300,33 @@ impl Executor {
                 source,
             })?;
         Ok(Outcome::Done)
+    }
+
+    /// Create the namespace's fabric key Secret unless it exists (never read nor replaced).
+    async fn ensure_fabric_key(
+        &self,
+        namespace: &str,
+        fabric: &str,
+        fabric_uid: &str,
+    ) -> Result<Outcome, ApplyError> {
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
+        let body = fabric_key_object(namespace, fabric, fabric_uid, fresh_key());
+        let params = PostParams {
+            field_manager: Some(OPERATOR_FIELD_MANAGER.into()),
+            ..PostParams::default()
+        };
+        match api.create(&params, &body).await {
+            Ok(_) => {
+                tracing::info!(%namespace, %fabric, "created the fabric key secret");
+                Ok(Outcome::Done)
+            }
+            Err(kube::Error::Api(status)) if status.code == 409 => Ok(Outcome::AlreadyDone),
+            Err(source) => Err(ApplyError::Api {
+                op: "create",
+                target: format!("secret {namespace}/{}", fabric_key_name(fabric)),
+                source,
+            }),
+        }
     }
 
     async fn delete_directory(&self, namespace: &str, fabric: &str) -> Result<Outcome, ApplyError> {

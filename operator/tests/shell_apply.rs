@@ -345,7 +345,7 @@ async fn concurrent_gate_change_fails_the_tested_patch() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn region_directory_is_applied_and_deleted() {
+async fn region_directory_is_applied_after_its_fabric_key_and_deleted() {
     let (client, mut api) = mock_client();
     let exec = Executor::new(client, "op-0");
     let data = BTreeMap::from([("regions.json".to_string(), "[]".to_string())]);
@@ -359,8 +359,28 @@ async fn region_directory_is_applied_and_deleted() {
         namespace: "old".into(),
         fabric: "dgx".into(),
     };
-    let task =
-        tokio::spawn(async move { (exec.execute(&apply).await, exec.execute(&delete).await) });
+    let task = tokio::spawn(async move {
+        (
+            exec.execute(&apply).await,
+            exec.execute(&apply).await,
+            exec.execute(&delete).await,
+        )
+    });
+    // First the namespace's fabric key, created (never read) with fresh random bytes.
+    let key = api
+        .expect(Method::POST, "/api/v1/namespaces/team/secrets", MANAGED)
+        .await;
+    assert_eq!(key.body["kind"], "Secret");
+    assert_eq!(key.body["metadata"]["name"], "dgx-key");
+    assert_eq!(key.body["immutable"], true);
+    assert_eq!(key.body["metadata"]["ownerReferences"][0]["uid"], "uid-dgx");
+    let bytes = key.body["data"]["key"]
+        .as_str()
+        .expect("base64 key")
+        .to_string();
+    assert_eq!(bytes.len(), 44, "32 bytes: {bytes}");
+    assert_eq!(key.body["data"]["namespace"], "dGVhbQ==", "team");
+    key.echo();
     let call = api
         .expect(
             Method::PATCH,
@@ -379,6 +399,23 @@ async fn region_directory_is_applied_and_deleted() {
     );
     assert_eq!(call.body["data"], json!({"regions.json": "[]"}));
     call.echo();
+    // The second time the key exists: kept as it is, the directory applied.
+    let again = api
+        .expect(Method::POST, "/api/v1/namespaces/team/secrets", MANAGED)
+        .await;
+    assert_ne!(
+        again.body["data"]["key"].as_str(),
+        Some(bytes.as_str()),
+        "fresh bytes each try"
+    );
+    again.fail(409, "AlreadyExists");
+    api.expect(
+        Method::PATCH,
+        "/api/v1/namespaces/team/configmaps/dgx-regions",
+        SSA,
+    )
+    .await
+    .echo();
     api.expect(
         Method::DELETE,
         "/api/v1/namespaces/old/configmaps/dgx-regions",
@@ -386,10 +423,14 @@ async fn region_directory_is_applied_and_deleted() {
     )
     .await
     .ok(&json!({"apiVersion": "v1", "kind": "Status", "status": "Success"}));
-    let (a, d) = task.await.expect("joined");
+    let (a, b, d) = task.await.expect("joined");
     assert_eq!(
-        (a.expect("applied"), d.expect("deleted")),
-        (Outcome::Done, Outcome::Done)
+        (
+            a.expect("applied"),
+            b.expect("applied"),
+            d.expect("deleted")
+        ),
+        (Outcome::Done, Outcome::Done, Outcome::Done)
     );
 }
 

@@ -149,6 +149,12 @@ async fn first_reconcile_applies_roce_nodes_regions_and_status_in_order() {
     );
     gate.ok(&gated);
 
+    // The namespace's fabric key before its directory: the pods mount both.
+    let key = api
+        .expect(Method::POST, "/api/v1/namespaces/team/secrets", MANAGED)
+        .await;
+    assert_eq!(key.body["metadata"]["name"], "dgx-key");
+    key.echo();
     let dir = api
         .expect(
             Method::PATCH,

@@ -36,6 +36,9 @@ pub const POD_UID: &str = "POD_UID";
 pub const ROCEFABRIC_REGION_FILE: &str = "ROCEFABRIC_REGION_FILE";
 /// The mounted `regions.json` of the namespace's region directory, when not at the default path.
 pub const ROCEFABRIC_DIRECTORY: &str = "ROCEFABRIC_DIRECTORY";
+/// The mounted `<fabric>-key` Secret (a directory with `key` and `namespace`), when not at the
+/// default path.
+pub const ROCEFABRIC_KEY_DIR: &str = "ROCEFABRIC_KEY_DIR";
 /// `DEVICE[:PORT]`: the HCA port to use instead of the first of [`NCCL_IB_HCA`].
 pub const ROCEFABRIC_HCA: &str = "ROCEFABRIC_HCA";
 /// The data plane's rendezvous port, when not the default.

@@ -16,3 +16,11 @@ pub const FABRIC_LABEL: &str = "rocefabric.io/fabric";
 pub const REGION_DIRECTORY_SUFFIX: &str = "-regions";
 /// The one key of the region directory ConfigMap (see [`directory`](crate::directory)).
 pub const DIRECTORY_KEY: &str = "regions.json";
+/// Suffix of the per-namespace fabric key Secret (`<fabric>-key`), written by the operator beside
+/// the region directory and mounted read-only by the fabric's pods: what the data plane's
+/// rendezvous proves membership with.
+pub const FABRIC_KEY_SUFFIX: &str = "-key";
+/// Key of the fabric key Secret holding the key itself (32 random bytes).
+pub const FABRIC_KEY_KEY: &str = "key";
+/// Key of the fabric key Secret holding the namespace it was written for.
+pub const FABRIC_KEY_NAMESPACE_KEY: &str = "namespace";

@@ -28,6 +28,10 @@ struct Cli {
     /// The fabric's region directory (regions.json of the mounted <fabric>-regions ConfigMap).
     #[arg(long, env = env::ROCEFABRIC_DIRECTORY, default_value = config::DEFAULT_DIRECTORY, global = true)]
     directory: PathBuf,
+    /// The fabric's key of this namespace: the mounted <fabric>-key Secret (files `key` and
+    /// `namespace`). Peers and owners prove holding it to each other at every rendezvous.
+    #[arg(long, env = env::ROCEFABRIC_KEY_DIR, default_value = config::DEFAULT_KEY_DIR, global = true)]
+    key_dir: PathBuf,
     /// HCA port DEVICE[:PORT] (default: the first of NCCL_IB_HCA, which the device plugin sets).
     #[arg(long, env = env::ROCEFABRIC_HCA, global = true)]
     hca: Option<String>,
@@ -143,6 +147,7 @@ fn config(cli: &Cli, expose: bool) -> Result<Config> {
     let inputs = Inputs {
         region_file: cli.region.clone(),
         directory: cli.directory.clone(),
+        key_dir: cli.key_dir.clone(),
         hca: cli.hca.clone(),
         nccl_ib_hca: env.nccl_ib_hca,
         gid_index: cli.gid_index.clone(),

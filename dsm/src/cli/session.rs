@@ -10,6 +10,10 @@ use rocefabric_dsm::config::{address, number};
 use rocefabric_dsm::{Access, Dsm};
 use serde_json::{Value, json};
 
+/// How long a session's lock may be held before a waiter breaks it (its critical sections take
+/// milliseconds; a holder this late is dead).
+const LOCK_LEASE: Duration = Duration::from_secs(10);
+
 pub const HELP: &str = "Serve this pod's window and run commands from stdin, one per line; each \
 answers with one JSON line {\"n\", \"cmd\", \"ok\", \"error\"?, ...}. ADDR is a number or POD+OFFSET.
 
@@ -187,10 +191,10 @@ fn step(dsm: &mut Dsm, w: &[&str]) -> Result<Value> {
                 if w[0] == "locked-write" {
                     let v = (me << 32) | round;
                     let rec_bytes: Vec<u8> = (0..words).flat_map(|_| v.to_ne_bytes()).collect();
-                    dsm.with_lock(lock, me, |d| d.write(rec, &rec_bytes))?;
+                    dsm.with_lock(lock, LOCK_LEASE, |d| d.write(rec, &rec_bytes))?;
                 } else {
                     let mut buf = vec![0u8; len];
-                    dsm.with_lock(lock, me, |d| d.read(rec, &mut buf))?;
+                    dsm.with_lock(lock, LOCK_LEASE, |d| d.read(rec, &mut buf))?;
                     if buf.chunks(8).any(|c| c != &buf[..8]) {
                         torn += 1;
                     }

@@ -340,6 +340,7 @@ fn admission_policies_confine_the_service_accounts() {
         ("operator", "configmaps"),
         ("operator", "pods"),
         ("operator", "pods"),
+        ("operator", "secrets"),
     ]
     .into_iter()
     .map(|(a, r)| (a, r.to_string()))

@@ -51,8 +51,8 @@ fn default_render_has_every_part_and_nothing_optional() {
         ("RoleBinding", 1),
         ("Service", 2),
         ("ConfigMap", 1),
-        ("ValidatingAdmissionPolicy", 6),
-        ("ValidatingAdmissionPolicyBinding", 6),
+        ("ValidatingAdmissionPolicy", 7),
+        ("ValidatingAdmissionPolicyBinding", 7),
     ]
     .into_iter()
     .map(|(k, n)| (k.to_string(), n))
@@ -229,6 +229,43 @@ fn optional_parts_follow_their_toggles() {
         policy["spec"]["ingress"][0]["ports"],
         json!([{"port": "http", "protocol": "TCP"}])
     );
+
+    // The data plane's rendezvous port, per fabric and namespace: only from the fabric's pods,
+    // every other port left open.
+    let dsm = render(
+        &engine,
+        json!({"dataPlanePolicy": {"fabrics": [{"fabric": "training", "namespace": "ml"}]}}),
+    );
+    let policies = of_kind(&dsm, "NetworkPolicy");
+    assert_eq!(policies.len(), 1, "only the data plane's");
+    let p = policies[0];
+    assert_eq!(p["metadata"]["namespace"], "ml");
+    let fabric_pods = json!({"matchLabels": {"rocefabric.io/fabric": "training"}});
+    assert_eq!(p["spec"]["podSelector"], fabric_pods);
+    let ingress = &p["spec"]["ingress"];
+    assert_eq!(ingress[0]["from"], json!([{"podSelector": fabric_pods}]));
+    assert_eq!(
+        ingress[0]["ports"],
+        json!([{"protocol": "TCP", "port": 18516}])
+    );
+    assert!(ingress[1]["from"].is_null(), "other ports from anywhere");
+    assert_eq!(
+        ingress[1]["ports"],
+        json!([{"protocol": "TCP", "port": 1, "endPort": 18515},
+               {"protocol": "TCP", "port": 18517, "endPort": 65535},
+               {"protocol": "UDP"}, {"protocol": "SCTP"}])
+    );
+    let closed = render(
+        &engine,
+        json!({"dataPlanePolicy": {"otherPorts": false, "fabrics": [{"fabric": "t", "namespace": "ml",
+               "podSelector": {"matchLabels": {"app": "trainer"}}}]}}),
+    );
+    let p = of_kind(&closed, "NetworkPolicy")[0];
+    assert_eq!(
+        p["spec"]["podSelector"],
+        json!({"matchLabels": {"app": "trainer"}})
+    );
+    assert_eq!(p["spec"]["ingress"].as_array().map(Vec::len), Some(1));
 
     let off = render(
         &engine,

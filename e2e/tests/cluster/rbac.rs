@@ -96,6 +96,7 @@ fn operator_service_account_has_least_privilege() {
         ("watch", "", "pods", "", ""),
         ("patch", "", "pods", WORKLOAD_NAMESPACE, "p"),
         ("create", "", "configmaps", WORKLOAD_NAMESPACE, ""),
+        ("create", "", "secrets", WORKLOAD_NAMESPACE, ""),
         ("create", "events.k8s.io", "events", WORKLOAD_NAMESPACE, ""),
         ("create", "coordination.k8s.io", "leases", NAMESPACE, ""),
         (
@@ -109,6 +110,8 @@ fn operator_service_account_has_least_privilege() {
     let deny: &[Request] = &[
         ("get", "", "secrets", NAMESPACE, ""),
         ("list", "", "secrets", "", ""),
+        ("get", "", "secrets", WORKLOAD_NAMESPACE, "e2e-key"),
+        ("delete", "", "secrets", WORKLOAD_NAMESPACE, "e2e-key"),
         ("create", "", "pods", WORKLOAD_NAMESPACE, ""),
         ("delete", "", "pods", WORKLOAD_NAMESPACE, "p"),
         ("create", "", "pods/exec", WORKLOAD_NAMESPACE, "p"),
@@ -316,6 +319,30 @@ fn operator_writes_are_confined_by_admission_policy() {
             create_cm("kube-root-ca-copy").await,
             "may write only <fabric>-regions ConfigMaps",
             "operator writes another ConfigMap",
+        );
+        // Secrets: only the fabric keys, immutable and labelled.
+        let secrets = format!("/api/v1/namespaces/{WORKLOAD_NAMESPACE}/secrets");
+        let create_secret = |name: &str, immutable: bool| {
+            let body = json!({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                "immutable": immutable,
+                "metadata": {"name": name, "labels": {"rocefabric.io/fabric": "vap"}},
+                "data": {"key": "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="}});
+            let secrets = secrets.clone();
+            let operator = operator.clone();
+            async move {
+                request_as(client, &operator, None, "POST", &secrets, "application/json", &body.to_string()).await
+            }
+        };
+        create_secret("vap-key", true).await.expect("a fabric key is the operator's to create");
+        denied_with(
+            create_secret("vap-token", true).await,
+            "may only create immutable <fabric>-key Secrets",
+            "operator creates another Secret",
+        );
+        denied_with(
+            create_secret("vap2-key", false).await,
+            "may only create immutable <fabric>-key Secrets",
+            "operator creates a mutable key",
         );
         delete_pod(&pods, "vap-target").await;
     });

@@ -2,7 +2,7 @@
 //! visible inside the container through the downward API, listed in `<fabric>-regions`, and freed
 //! when the pod is deleted.
 
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use rocefabric_api::constants::{
@@ -135,6 +135,31 @@ fn gated_pod_gets_its_window_in_the_container_and_the_directory() {
         assert_eq!(
             entry.uid, pod.metadata.uid,
             "the directory names the owner pod's uid"
+        );
+
+        // Beside it, the namespace's fabric key (what the pods' data plane proves membership
+        // with): immutable, owned by the fabric, 32 bytes and the namespace.
+        let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), WORKLOAD_NAMESPACE);
+        let key = eventually("fabric key secret", || async {
+            secrets
+                .get_opt(&format!("{FABRIC}-key"))
+                .await
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| "no fabric key yet".to_string())
+        })
+        .await;
+        assert_eq!(key.immutable, Some(true));
+        let data = key.data.clone().unwrap_or_default();
+        assert_eq!(data.get("key").map(|k| k.0.len()), Some(32));
+        assert_eq!(
+            data.get("namespace").map(|n| n.0.as_slice()),
+            Some(WORKLOAD_NAMESPACE.as_bytes())
+        );
+        let owners = key.metadata.owner_references.clone().unwrap_or_default();
+        assert_eq!(
+            owners.first().map(|o| o.kind.as_str()),
+            Some("RoceFabric"),
+            "{owners:?}"
         );
 
         // While it holds the window, its fabric label stays as it is (the operator may watch

@@ -25,17 +25,21 @@ pub fn fabric_pod(story: &Story, name: &str, node: &str) -> Value {
     let mut pod = plain_pod(story, name, node);
     pod["metadata"]["labels"] = json!({"rocefabric.io/fabric": FABRIC});
     pod["spec"]["schedulingGates"] = json!([{"name": "rocefabric.io/region"}]);
+    // The workload image runs as 65532: the key (mode 0440) is readable through the pod's group.
+    pod["spec"]["securityContext"] = json!({"fsGroup": 65532});
     let c = &mut pod["spec"]["containers"][0];
     c["resources"]["limits"]["rdma/hca"] = json!("1");
     c["securityContext"] = json!({"capabilities": {"add": ["IPC_LOCK"]}});
     c["volumeMounts"] = json!([
         {"name": "region", "mountPath": "/etc/rocefabric"},
         {"name": "directory", "mountPath": "/etc/rocefabric/directory"},
+        {"name": "key", "mountPath": "/etc/rocefabric/key", "readOnly": true},
     ]);
     pod["spec"]["volumes"] = json!([
         {"name": "region", "downwardAPI": {"items": [{"path": "region",
             "fieldRef": {"fieldPath": "metadata.annotations['rocefabric.io/region']"}}]}},
         {"name": "directory", "configMap": {"name": format!("{FABRIC}-regions")}},
+        {"name": "key", "secret": {"secretName": format!("{FABRIC}-key"), "defaultMode": 0o440}},
     ]);
     pod
 }

@@ -85,4 +85,18 @@ pub fn replaced_pod_gets_a_fresh_window(story: &mut Story) {
         forged.contains("refused") && forged.contains(&old_uid) && forged.contains(&uid),
         "the refusal names both identities: {forged}"
     );
+
+    // A process with the directory but not the fabric's key (a hand-made one) gets nothing: the
+    // owner's proof does not verify under its key, so it never even proves itself.
+    let keyless = story.exec(
+        "a2",
+        "mkdir -p /tmp/k && head -c 32 /dev/urandom >/tmp/k/key && \
+         cp /etc/rocefabric/key/namespace /tmp/k/ && \
+         rocefabric-dsm --key-dir /tmp/k read --addr b2+0 --len 8 2>&1; echo exit=$?",
+    );
+    let keyless = keyless.unwrap_or_else(|e| e);
+    assert!(
+        !keyless.contains("exit=0") && keyless.contains("did not prove holding the fabric key"),
+        "a pod without the key is refused: {keyless}"
+    );
 }

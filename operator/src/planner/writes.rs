@@ -4,11 +4,13 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::Resource;
 use rocefabric_api::constants::{FABRIC_LABEL, REGION_DIRECTORY_SUFFIX};
 use rocefabric_api::{RoceFabric, RoceFabricStatus, RoceNode, RoceNodeSpec};
+use rocefabric_formats::names::{FABRIC_KEY_KEY, FABRIC_KEY_NAMESPACE_KEY, FABRIC_KEY_SUFFIX};
 use serde::Serialize;
 
 /// One intended API write.
@@ -54,7 +56,8 @@ pub enum Write {
     },
     /// Server-side apply of the ConfigMap `<fabric>-regions` in `namespace` with `data`, label
     /// `rocefabric.io/fabric: <fabric>` and an owner reference to the fabric. Build it with
-    /// [`region_directory_object`].
+    /// [`region_directory_object`]. The shell first creates the namespace's fabric key Secret
+    /// `<fabric>-key` ([`fabric_key_object`]) unless it exists: the directory's pods mount both.
     ApplyRegionDirectory {
         namespace: String,
         fabric: String,
@@ -135,6 +138,41 @@ pub fn roce_node_object(
     )]));
     node.metadata.owner_references = Some(vec![fabric_owner_reference(fabric_name, fabric_uid)]);
     node
+}
+
+/// Name of a fabric's key Secret in a namespace (`<fabric>-key`).
+pub fn fabric_key_name(fabric: &str) -> String {
+    format!("{fabric}{FABRIC_KEY_SUFFIX}")
+}
+
+/// The fabric key Secret of `namespace`: `key` (the 32 random bytes `key` the shell drew; the
+/// data plane's rendezvous proves membership with it), `namespace` (what the pods prove being in),
+/// label and owner reference as the directory's. Immutable: a key is never rotated in place (a
+/// pod would hold the old one until the kubelet refreshed its volume); deleting the fabric deletes
+/// it.
+pub fn fabric_key_object(namespace: &str, fabric: &str, fabric_uid: &str, key: [u8; 32]) -> Secret {
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(fabric_key_name(fabric)),
+            namespace: Some(namespace.to_string()),
+            labels: Some(BTreeMap::from([(
+                FABRIC_LABEL.to_string(),
+                fabric.to_string(),
+            )])),
+            owner_references: Some(vec![fabric_owner_reference(fabric, fabric_uid)]),
+            ..ObjectMeta::default()
+        },
+        type_: Some("Opaque".into()),
+        immutable: Some(true),
+        data: Some(BTreeMap::from([
+            (FABRIC_KEY_KEY.to_string(), ByteString(key.to_vec())),
+            (
+                FABRIC_KEY_NAMESPACE_KEY.to_string(),
+                ByteString(namespace.as_bytes().to_vec()),
+            ),
+        ])),
+        ..Secret::default()
+    }
 }
 
 /// The ConfigMap body of a [`Write::ApplyRegionDirectory`].

@@ -11,17 +11,20 @@ pub enum Resource {
     RoceFabrics,
     RoceNodes,
     ConfigMaps,
+    /// The fabric key Secrets (created only).
+    Secrets,
     Leases,
     Events,
 }
 
 impl Resource {
-    pub const ALL: [Resource; 7] = [
+    pub const ALL: [Resource; 8] = [
         Resource::Pods,
         Resource::Nodes,
         Resource::RoceFabrics,
         Resource::RoceNodes,
         Resource::ConfigMaps,
+        Resource::Secrets,
         Resource::Leases,
         Resource::Events,
     ];
@@ -31,6 +34,7 @@ impl Resource {
             ("v1", "pods") => Resource::Pods,
             ("v1", "nodes") => Resource::Nodes,
             ("v1", "configmaps") => Resource::ConfigMaps,
+            ("v1", "secrets") => Resource::Secrets,
             ("rocefabric.io/v1alpha1", "rocefabrics") => Resource::RoceFabrics,
             ("rocefabric.io/v1alpha1", "rocenodes") => Resource::RoceNodes,
             ("coordination.k8s.io/v1", "leases") => Resource::Leases,
@@ -46,7 +50,7 @@ impl Resource {
 
     pub fn api_version(self) -> &'static str {
         match self {
-            Resource::Pods | Resource::Nodes | Resource::ConfigMaps => "v1",
+            Resource::Pods | Resource::Nodes | Resource::ConfigMaps | Resource::Secrets => "v1",
             Resource::RoceFabrics | Resource::RoceNodes => "rocefabric.io/v1alpha1",
             Resource::Leases => "coordination.k8s.io/v1",
             Resource::Events => "events.k8s.io/v1",
@@ -58,6 +62,7 @@ impl Resource {
             Resource::Pods => "Pod",
             Resource::Nodes => "Node",
             Resource::ConfigMaps => "ConfigMap",
+            Resource::Secrets => "Secret",
             Resource::RoceFabrics => "RoceFabric",
             Resource::RoceNodes => "RoceNode",
             Resource::Leases => "Lease",
@@ -70,6 +75,7 @@ impl Resource {
             Resource::Pods => "pods",
             Resource::Nodes => "nodes",
             Resource::ConfigMaps => "configmaps",
+            Resource::Secrets => "secrets",
             Resource::RoceFabrics => "rocefabrics",
             Resource::RoceNodes => "rocenodes",
             Resource::Leases => "leases",
