@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 use crate::devices::{fabric_pod, start_pods};
 use crate::fabric::values_file;
 use crate::kube::{APPS, NAMESPACE, RELEASE, Story, WAIT, eventually};
+use crate::memory::directory_lists;
 
 pub fn claim_gets_rxe_through_cdi(story: &mut Story) {
     let chart = workspace_root().join("charts/rocefabric");
@@ -96,6 +97,10 @@ pub fn claim_gets_rxe_through_cdi(story: &mut Story) {
     );
     assert!(seen.contains("hca==rxe0:1"), "and the environment: {seen}");
 
+    // b1 admits only pods its own mounted directory names: wait for the kubelet to bring dra-a's
+    // window into it (the ConfigMap volume's sync), as for every new fabric pod.
+    directory_lists(story, "b1", &["dra-a"]);
+    directory_lists(story, "dra-a", &["b1"]);
     let probe = story
         .exec("dra-a", "rocefabric-dsm probe --peers b1 --output json")
         .unwrap_or_else(|e| panic!("probe from the DRA pod: {e}"));
