@@ -13,7 +13,10 @@ use rocefabric_node_model::ownership::{Partition, devices_behind};
 /// grants of the GPU resource by any plugin (NVIDIA's device plugin runs beside ours by default)
 /// by the GPU's UUID or PCI bus ID, so a GPU another plugin gave to a pod is never handed to a
 /// claim, and grants of our resources by their IDs (in `dra` mode, grants left from a
-/// `devicePlugin` run whose pods still live). Grants of other resources are ignored.
+/// `devicePlugin` run whose pods still live). A grant of the GPU resource whose ID names no GPU
+/// here (NVIDIA's `index` strategy, a MIG device, a UUID where the driver's information file
+/// could not be read) holds every GPU: which one it is cannot be known, so none is handed out
+/// while it lives (fail closed). Grants of other resources are ignored.
 pub fn held_devices(
     cfg: &Config,
     inventory: &Inventory,
@@ -34,6 +37,13 @@ pub fn held_devices(
         } else if let Some(kind) = kinds.get(resource.as_str()) {
             for device in devices_behind(*kind, id) {
                 out.insert(device.to_string(), resource.clone());
+            }
+        } else if *resource == cfg.gpu.resource_name {
+            tracing::warn!(%resource, id = %id,
+                "a GPU grant names no GPU of this node: every GPU is held while it lives \
+                 (run NVIDIA's device plugin with its default device-id-strategy, uuid)");
+            for gpu in &inventory.gpus {
+                out.insert(gpu.pci_address.clone(), resource.clone());
             }
         }
     }
@@ -139,8 +149,6 @@ mod tests {
         let grants = vec![
             grant("GPU-aaaa"),
             grant("00000000:43:00.0"),
-            grant("MIG-ffff"),
-            grant("GPU-not-here"),
             ("example.com/gpu".to_string(), "GPU-cccc".to_string()),
         ];
         let held = held_devices(&cfg, &inventory, &grants);
@@ -151,6 +159,15 @@ mod tests {
                 ("0000:43:00.0".to_string(), "nvidia.com/gpu".to_string()),
             ]
         );
+        // An ID that names no GPU here (index strategy, MIG, a UUID unknown here) holds them all.
+        for id in ["3", "MIG-ffff", "GPU-not-here"] {
+            let held = held_devices(&cfg, &inventory, &[grant(id)]);
+            assert_eq!(
+                held.into_keys().collect::<Vec<_>>(),
+                ["0000:1b:00.0", "0000:43:00.0", "0000:52:00.0"],
+                "{id}"
+            );
+        }
         assert_eq!(
             normalize_bus_id("00000000:1B:00.0").as_deref(),
             Some("0000:1b:00.0")
