@@ -15,7 +15,6 @@ mod common;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::jiff::Timestamp;
-use rocefabric_api::constants::REGION_ANNOTATION;
 use rocefabric_operator::planner::incremental::Incremental;
 use rocefabric_operator::planner::writes::{region_directory_object, roce_node_object};
 use rocefabric_operator::planner::{Plan, PlanOptions, Write};
@@ -68,7 +67,7 @@ fn land(engine: &mut Incremental, plan: &Plan, now: Timestamp) {
             } => engine.annotated(namespace, pod, uid.as_deref(), value),
             Write::RemovePodGate { namespace, pod, .. } => {
                 let mut p = engine.pod(namespace, pod).unwrap().clone();
-                p.spec.as_mut().unwrap().scheduling_gates = None;
+                p.gates.clear();
                 engine.upsert_pod(p);
             }
             Write::ApplyRegionDirectory {
@@ -185,7 +184,7 @@ fn main() {
             p.metadata.name.clone().unwrap(),
         );
         let t = Instant::now();
-        engine.upsert_pod(p);
+        engine.upsert_pod(p.into());
         let plan = engine.plan(now);
         samples.push(t.elapsed());
         assert!(
@@ -202,13 +201,7 @@ fn main() {
     );
     let held = engine
         .pod("team-0000", &format!("worker-{:07}", pods))
-        .and_then(|p| {
-            p.metadata
-                .annotations
-                .as_ref()?
-                .get(REGION_ANNOTATION)
-                .cloned()
-        });
+        .and_then(|p| p.region.clone());
     assert!(held.is_some(), "the write landed");
 
     // A node leaves the fabric (its label changes) and comes back.

@@ -91,7 +91,8 @@ fn planner(passes: &[Pass]) -> Vec<Duration> {
 /// requested (the allocator adds about 16 bytes per block): parsed as its watches parse them
 /// and trimmed as it trims them. The profile behind the memory figure.
 fn object_costs(cluster: &GeneratedCluster) -> anyhow::Result<(usize, usize)> {
-    use k8s_openapi::api::core::v1::{Node, Pod};
+    use k8s_openapi::api::core::v1::Node;
+    use rocefabric_operator::objects::{CompactPod, Wire};
     const SAMPLE: u32 = 1000;
     let node_json: Vec<String> = (0..SAMPLE)
         .map(|i| {
@@ -126,9 +127,9 @@ fn object_costs(cluster: &GeneratedCluster) -> anyhow::Result<(usize, usize)> {
     let before = HEAP.current_usage();
     let mut pods = Vec::with_capacity(pod_json.len());
     for j in &pod_json {
-        let mut pod: Pod = serde_json::from_str(j)?;
-        rocefabric_operator::trim::pod(&mut pod);
-        pods.push(pod);
+        // As the pod watch decodes it.
+        let pod: Wire<CompactPod> = serde_json::from_str(j)?;
+        pods.push(pod.object);
     }
     let pod_bytes = (HEAP.current_usage() - before) / pods.len().max(1);
     Ok((node_bytes, pod_bytes))

@@ -5,11 +5,12 @@
 //! buffered and replace that kind's objects at `InitDone` (a full pass follows). Single events
 //! go to the planner as they come.
 
-use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::api::PartialObjectMeta;
 use kube::runtime::watcher::Event;
 use rocefabric_api::{RoceFabric, RoceNode};
 
+use crate::objects::CompactPod;
 use crate::overlay::AnnotationOverlay;
 use crate::planner::incremental::Incremental;
 
@@ -19,7 +20,7 @@ pub enum Seen {
     Fabric(Event<RoceFabric>),
     Node(Event<PartialObjectMeta<Node>>),
     RoceNode(Event<RoceNode>),
-    Pod(Event<Pod>),
+    Pod(Event<CompactPod>),
     ConfigMap(Event<ConfigMap>),
 }
 
@@ -29,7 +30,7 @@ struct Listing {
     fabrics: Option<Vec<RoceFabric>>,
     nodes: Option<Vec<Node>>,
     roce_nodes: Option<Vec<RoceNode>>,
-    pods: Option<Vec<Pod>>,
+    pods: Option<Vec<CompactPod>>,
     config_maps: Option<Vec<ConfigMap>>,
 }
 
@@ -81,7 +82,7 @@ impl Feed {
         self.synced.iter().all(|s| *s)
     }
 
-    /// Take one event. Pods are trimmed to what the planner reads, and get back a region
+    /// Take one event. Pods (decoded compact by the watch) get back a region
     /// annotation we wrote that the watch does not show yet (`overlay`). Returns whether the
     /// world changed.
     pub fn seen(&mut self, seen: Seen, overlay: &mut AnnotationOverlay) -> bool {
@@ -90,7 +91,6 @@ impl Feed {
         self.pods_seen |= matches!(seen, Seen::Pod(_));
         let seen = match seen {
             Seen::Pod(Event::InitApply(mut pod)) => {
-                crate::trim::pod(&mut pod);
                 overlay.patch_one(&mut pod);
                 if self.planner.wants_pod(&pod) {
                     self.listing.pods.get_or_insert_default().push(pod);
@@ -112,8 +112,7 @@ impl Feed {
             ),
             Seen::Pod(e) => self.take(
                 e,
-                |mut pod: Pod| {
-                    crate::trim::pod(&mut pod);
+                |mut pod: CompactPod| {
                     overlay.patch_one(&mut pod);
                     pod
                 },
@@ -215,14 +214,11 @@ const ROCE_NODES: Kind<RoceNode> = Kind {
     replace: Incremental::replace_roce_nodes,
 };
 
-const PODS: Kind<Pod> = Kind {
+const PODS: Kind<CompactPod> = Kind {
     index: 3,
     listing: |l| &mut l.pods,
     upsert: Incremental::upsert_pod,
-    remove: |p, pod| {
-        let (ns, name) = name_of(&pod.metadata);
-        p.remove_pod(ns, name)
-    },
+    remove: |p, pod| p.remove_pod(&pod.namespace, &pod.name),
     replace: Incremental::replace_pods,
 };
 
@@ -242,17 +238,13 @@ mod tests {
     use super::*;
     use crate::planner::PlanOptions;
 
-    fn pod(name: &str, labels: &[(&str, &str)]) -> Pod {
-        let mut p = Pod::default();
-        p.metadata.namespace = Some("ns".into());
-        p.metadata.name = Some(name.into());
-        p.metadata.labels = Some(
-            labels
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-        );
-        p
+    fn pod(name: &str, labels: &[(&str, &str)]) -> CompactPod {
+        CompactPod {
+            namespace: crate::objects::intern("ns"),
+            name: name.into(),
+            labels: labels.iter().copied().collect(),
+            ..CompactPod::default()
+        }
     }
 
     #[test]
@@ -303,7 +295,7 @@ mod tests {
         .expect("valid fabric")
     }
 
-    fn list_pods(feed: &mut Feed, overlay: &mut AnnotationOverlay, pods: Vec<Pod>) {
+    fn list_pods(feed: &mut Feed, overlay: &mut AnnotationOverlay, pods: Vec<CompactPod>) {
         feed.seen(Seen::Pod(Event::Init), overlay);
         for p in pods {
             feed.seen(Seen::Pod(Event::InitApply(p)), overlay);

@@ -3,7 +3,7 @@
 //! wrapped for [`crate::feed::Feed::seen`].
 
 use futures::{Stream, StreamExt, stream};
-use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::Client;
 use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
@@ -11,6 +11,7 @@ use rocefabric_api::constants::FABRIC_LABEL;
 use rocefabric_api::{RoceFabric, RoceNode};
 
 use crate::feed::Seen;
+use crate::objects::{CompactPod, Wire};
 
 fn seen<K>(
     events: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
@@ -62,6 +63,19 @@ pub fn pod_watch(client: &Client, selector: Option<&str>) -> Events {
         Some(selector) => watcher::Config::default().labels(selector),
         None => watcher::Config::default(),
     };
-    let pods = watcher(Api::<Pod>::all(client.clone()), config).default_backoff();
-    seen(pods, "pods", Seen::Pod)
+    // Decoded straight into the planner's compact pods: a full Pod is never built.
+    let pods = watcher(Api::<Wire<CompactPod>>::all(client.clone()), config).default_backoff();
+    seen(pods, "pods", |e| Seen::Pod(unwire(e)))
+}
+
+/// The compact objects of a watch's event.
+fn unwire<T>(event: watcher::Event<Wire<T>>) -> watcher::Event<T> {
+    use watcher::Event;
+    match event {
+        Event::Apply(w) => Event::Apply(w.object),
+        Event::Delete(w) => Event::Delete(w.object),
+        Event::Init => Event::Init,
+        Event::InitApply(w) => Event::InitApply(w.object),
+        Event::InitDone => Event::InitDone,
+    }
 }

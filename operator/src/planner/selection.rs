@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::jiff::Timestamp;
 use kube::core::{Selector, SelectorExt};
@@ -12,6 +12,7 @@ use rocefabric_api::constants::FABRIC_LABEL;
 use rocefabric_api::validate::{self, FieldError};
 
 use super::pod::PodRef;
+use crate::objects::{CompactPod, Matcher};
 use crate::regions::Geometry;
 
 /// A RoceFabric parsed for planning: identity, age, validity and its selectors parsed.
@@ -44,7 +45,7 @@ pub(crate) struct PodSelection {
 pub(crate) enum PodSelector {
     /// An empty `podSelector`: pods labelled `rocefabric.io/fabric: <fabric>`.
     FabricLabel,
-    Labels(Selector),
+    Labels(Matcher),
 }
 
 impl<'w> ParsedFabric<'w> {
@@ -68,7 +69,7 @@ impl<'w> ParsedFabric<'w> {
                 Some(PodSelector::FabricLabel)
             } else {
                 match parse_selector(&sm.pod_selector) {
-                    Ok(s) => Some(PodSelector::Labels(s)),
+                    Ok(s) => Some(PodSelector::Labels(s.into())),
                     Err(message) => {
                         push_unique(&mut errors, "spec.sharedMemory.podSelector", message);
                         None
@@ -117,11 +118,10 @@ impl<'w> ParsedFabric<'w> {
 
 impl PodSelector {
     /// Whether the pod selector of fabric `fabric` picks `pod`.
-    pub fn selects(&self, fabric: &str, pod: &Pod) -> bool {
-        let labels = labels_of(pod.metadata.labels.as_ref());
+    pub fn selects(&self, fabric: &str, pod: &CompactPod) -> bool {
         match self {
-            PodSelector::FabricLabel => labels.get(FABRIC_LABEL).is_some_and(|f| f == fabric),
-            PodSelector::Labels(s) => s.matches(labels),
+            PodSelector::FabricLabel => pod.labels.get(FABRIC_LABEL) == Some(fabric),
+            PodSelector::Labels(s) => s.matches(&pod.labels),
         }
     }
 }

@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use std::io::{BufRead, Read};
 use std::path::{Path, PathBuf};
 
-use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use rocefabric_api::validate::FieldError;
 use rocefabric_api::{RoceFabric, RoceNode};
 use rocefabric_input::read::{self, ReadError, human};
@@ -120,7 +120,7 @@ pub struct Snapshot {
     pub unreadable_fabrics: Vec<InvalidFabric>,
     pub nodes: Vec<Node>,
     pub roce_nodes: Vec<RoceNode>,
-    pub pods: Vec<Pod>,
+    pub pods: Vec<crate::objects::CompactPod>,
     pub config_maps: Vec<ConfigMap>,
     /// Things worth saying that are not errors: objects given twice (the first
     /// [`MAX_NOTES`], then a count).
@@ -419,21 +419,10 @@ mod tests {
         let mut snap = Snapshot::default();
         snap.load_file(&path, &[Kind::Pod]).expect("loads");
         let p = &snap.pods[0];
-        assert!(p.metadata.managed_fields.is_none());
-        let annotations = p.metadata.annotations.as_ref().expect("ours kept");
-        assert_eq!(
-            annotations.keys().collect::<Vec<_>>(),
-            ["rocefabric.io/region-size"]
-        );
-        let spec = p.spec.as_ref().expect("spec");
-        assert!(spec.containers.is_empty());
-        assert_eq!(spec.node_name.as_deref(), Some("n1"));
-        assert!(
-            p.status
-                .as_ref()
-                .expect("status")
-                .container_statuses
-                .is_none()
-        );
+        assert_eq!(p.key(), ("default", "a"));
+        assert_eq!(p.region_size.as_deref(), Some("2Gi"));
+        assert_eq!(p.region, None);
+        assert_eq!(p.node_name.as_deref(), Some("n1"));
+        assert_eq!(p.phase.as_deref(), Some("Running"));
     }
 }
