@@ -15,6 +15,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::jiff::Timestamp;
+use rocefabric_operator::objects::CompactNode;
 use rocefabric_operator::planner::incremental::Incremental;
 use rocefabric_operator::planner::writes::{region_directory_object, roce_node_object};
 use rocefabric_operator::planner::{Plan, PlanOptions, Write};
@@ -210,12 +211,8 @@ fn main() {
     for i in 0..events {
         now += Duration::from_secs(1);
         let k = (i * 7919) % nodes;
-        let mut n = bench_cluster::node(k);
-        n.metadata
-            .labels
-            .as_mut()
-            .unwrap()
-            .insert("gpu".into(), "maintenance".into());
+        let mut n = CompactNode::from(bench_cluster::node(k));
+        n.labels.insert("gpu", "maintenance");
         let t = Instant::now();
         engine.upsert_node(n);
         let plan = engine.plan(now);
@@ -227,7 +224,7 @@ fn main() {
         );
         land(&mut engine, &plan, now);
         let t = Instant::now();
-        engine.upsert_node(bench_cluster::node(k));
+        engine.upsert_node(bench_cluster::node(k).into());
         let plan = engine.plan(now);
         join.push(t.elapsed());
         assert!(

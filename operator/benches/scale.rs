@@ -91,8 +91,7 @@ fn planner(passes: &[Pass]) -> Vec<Duration> {
 /// requested (the allocator adds about 16 bytes per block): parsed as its watches parse them
 /// and trimmed as it trims them. The profile behind the memory figure.
 fn object_costs(cluster: &GeneratedCluster) -> anyhow::Result<(usize, usize)> {
-    use k8s_openapi::api::core::v1::Node;
-    use rocefabric_operator::objects::{CompactPod, Wire};
+    use rocefabric_operator::objects::{CompactNode, CompactPod, Wire};
     const SAMPLE: u32 = 1000;
     let node_json: Vec<String> = (0..SAMPLE)
         .map(|i| {
@@ -114,14 +113,9 @@ fn object_costs(cluster: &GeneratedCluster) -> anyhow::Result<(usize, usize)> {
     let before = HEAP.current_usage();
     let mut nodes = Vec::with_capacity(node_json.len());
     for j in &node_json {
-        let meta: kube::api::PartialObjectMeta<Node> = serde_json::from_str(j)?;
-        let mut node = Node {
-            metadata: meta.metadata,
-            spec: None,
-            status: None,
-        };
-        rocefabric_operator::trim::node(&mut node);
-        nodes.push(node);
+        // As the node watch decodes it.
+        let node: Wire<CompactNode> = serde_json::from_str(j)?;
+        nodes.push(node.object);
     }
     let node_bytes = (HEAP.current_usage() - before) / nodes.len();
     let before = HEAP.current_usage();

@@ -5,12 +5,11 @@
 //! buffered and replace that kind's objects at `InitDone` (a full pass follows). Single events
 //! go to the planner as they come.
 
-use k8s_openapi::api::core::v1::{ConfigMap, Node};
-use kube::api::PartialObjectMeta;
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::runtime::watcher::Event;
 use rocefabric_api::{RoceFabric, RoceNode};
 
-use crate::objects::CompactPod;
+use crate::objects::{CompactNode, CompactPod};
 use crate::overlay::AnnotationOverlay;
 use crate::planner::incremental::Incremental;
 
@@ -18,7 +17,7 @@ use crate::planner::incremental::Incremental;
 #[allow(clippy::large_enum_variant)]
 pub enum Seen {
     Fabric(Event<RoceFabric>),
-    Node(Event<PartialObjectMeta<Node>>),
+    Node(Event<CompactNode>),
     RoceNode(Event<RoceNode>),
     Pod(Event<CompactPod>),
     ConfigMap(Event<ConfigMap>),
@@ -28,7 +27,7 @@ pub enum Seen {
 #[derive(Default)]
 struct Listing {
     fabrics: Option<Vec<RoceFabric>>,
-    nodes: Option<Vec<Node>>,
+    nodes: Option<Vec<CompactNode>>,
     roce_nodes: Option<Vec<RoceNode>>,
     pods: Option<Vec<CompactPod>>,
     config_maps: Option<Vec<ConfigMap>>,
@@ -42,16 +41,6 @@ pub struct Feed {
     synced: [bool; 5],
     /// The pod watch has begun (its list may have dropped pods a later selector picks).
     pods_seen: bool,
-}
-
-fn node_of(meta: PartialObjectMeta<Node>) -> Node {
-    let mut node = Node {
-        metadata: meta.metadata,
-        spec: None,
-        status: None,
-    };
-    crate::trim::node(&mut node);
-    node
 }
 
 fn name_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> (&str, &str) {
@@ -101,7 +90,7 @@ impl Feed {
         };
         match seen {
             Seen::Fabric(e) => self.take(e, |f| f, &FABRICS),
-            Seen::Node(e) => self.take(e, node_of, &NODES),
+            Seen::Node(e) => self.take(e, |n| n, &NODES),
             Seen::RoceNode(e) => self.take(
                 e,
                 |mut n: RoceNode| {
@@ -186,7 +175,7 @@ const FABRICS: Kind<RoceFabric> = Kind {
     replace: Incremental::replace_fabrics,
 };
 
-const NODES: Kind<Node> = Kind {
+const NODES: Kind<CompactNode> = Kind {
     index: 1,
     listing: |l| &mut l.nodes,
     upsert: |p, n| {
@@ -194,7 +183,7 @@ const NODES: Kind<Node> = Kind {
         true
     },
     remove: |p, n| {
-        p.remove_node(name_of(&n.metadata).1);
+        p.remove_node(&n.name);
         true
     },
     replace: Incremental::replace_nodes,

@@ -1,19 +1,10 @@
 //! Objects cut to what the planner reads, so the watch caches and `plan`'s snapshots hold
 //! tens of bytes per field the operator uses instead of whole objects (a RoceNode's
-//! managedFields, one entry per writer, outweigh its spec). Pods are not trimmed but decoded
-//! compact ([`crate::objects::CompactPod`]).
+//! managedFields, one entry per writer, outweigh its spec). Pods and nodes are not trimmed but
+//! decoded compact ([`crate::objects`]).
 
-use k8s_openapi::api::core::v1::{ConfigMap, Node};
+use k8s_openapi::api::core::v1::ConfigMap;
 use rocefabric_api::RoceNode;
-
-/// Strip a node to its metadata (the operator watches nodes as `PartialObjectMeta`), without
-/// managedFields and annotations.
-pub fn node(node: &mut Node) {
-    node.metadata.managed_fields = None;
-    node.metadata.annotations = None;
-    node.spec = None;
-    node.status = None;
-}
 
 /// Strip a RoceNode of its managedFields (the operator's apply and the agent's status write
 /// each leave an entry, larger than the spec itself).

@@ -151,17 +151,13 @@ impl Sim {
                     2 => &[("tier", "gpu")],
                     _ => &[("fabric", "a"), ("tier", "gpu")],
                 };
-                let n = node(&node_name(*id), pairs);
-                self.world
-                    .nodes
-                    .retain(|x| x.metadata.name != n.metadata.name);
+                let n = CompactNode::from(node(&node_name(*id), pairs));
+                self.world.nodes.retain(|x| x.name != n.name);
                 self.world.nodes.push(n);
             }
             Op::RemoveNode(id) => {
                 let name = node_name(*id);
-                self.world
-                    .nodes
-                    .retain(|n| n.metadata.name.as_deref() != Some(&name));
+                self.world.nodes.retain(|n| n.name != name);
             }
             Op::Report { id, applied } => {
                 let name = node_name(*id);
@@ -426,7 +422,7 @@ fn sync(engine: &mut Incremental, before: &World, after: &World) {
     );
     diff!(
         nodes,
-        |n: &k8s_openapi::api::core::v1::Node| name(&n.metadata),
+        |n: &CompactNode| (String::new(), n.name.clone()),
         |e: &mut Incremental, n| e.upsert_node(n),
         |e: &mut Incremental, k: &(String, String)| e.remove_node(&k.1)
     );

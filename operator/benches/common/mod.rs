@@ -16,7 +16,7 @@ pub fn world(
 ) -> World {
     World {
         fabrics: vec![fabric(region_size, max_regions)],
-        nodes: (0..nodes).map(node).collect(),
+        nodes: (0..nodes).map(|i| node(i).into()).collect(),
         pods: (0..pods)
             .map(|i| pod(i, namespaces, nodes).into())
             .collect(),

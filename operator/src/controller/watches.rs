@@ -3,7 +3,7 @@
 //! wrapped for [`crate::feed::Feed::seen`].
 
 use futures::{Stream, StreamExt, stream};
-use k8s_openapi::api::core::v1::{ConfigMap, Node};
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Client;
 use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
@@ -11,7 +11,7 @@ use rocefabric_api::constants::FABRIC_LABEL;
 use rocefabric_api::{RoceFabric, RoceNode};
 
 use crate::feed::Seen;
-use crate::objects::{CompactPod, Wire};
+use crate::objects::{CompactNode, CompactPod, Wire};
 
 fn seen<K>(
     events: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
@@ -39,16 +39,12 @@ pub fn watches(client: &Client) -> Events {
         all().labels(FABRIC_LABEL),
     )
     .default_backoff();
-    // Nodes as metadata only: the planner selects by labels, and full Nodes (images,
-    // conditions) would dominate the operator's memory.
-    let nodes = watcher(
-        Api::<kube::api::PartialObjectMeta<Node>>::all(client.clone()),
-        all(),
-    )
-    .default_backoff();
+    // Nodes as metadata only (the API server sends PartialObjectMetadata), decoded straight
+    // into their name and labels: the planner selects by labels.
+    let nodes = watcher(Api::<Wire<CompactNode>>::all(client.clone()), all()).default_backoff();
     stream::select_all([
         seen(fabrics, "rocefabrics", Seen::Fabric),
-        seen(nodes, "nodes", Seen::Node),
+        seen(nodes, "nodes", |e| Seen::Node(unwire(e))),
         seen(roce_nodes, "rocenodes", Seen::RoceNode),
         seen(config_maps, "configmaps", Seen::ConfigMap),
     ])

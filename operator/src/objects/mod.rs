@@ -5,9 +5,11 @@
 //! each object's metadata).
 
 pub mod labels;
+mod node;
 mod pod;
 mod wire;
 
 pub use labels::{Labels, Matcher, Sym, intern};
+pub use node::CompactNode;
 pub use pod::CompactPod;
 pub use wire::{Compact, Wire};

@@ -6,19 +6,32 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 use serde::de::{Deserialize, DeserializeOwned, Deserializer};
 
-use super::CompactPod;
+use super::{CompactNode, CompactPod, node};
 
 /// A compact object standing for the API kind `Full`.
 pub trait Compact: DeserializeOwned + Clone + std::fmt::Debug {
     type Full: Resource<DynamicType = ()>;
-    /// `metadata.resourceVersion`.
-    fn resource_version(&self) -> Option<String>;
+    /// Whether the watch asks for metadata only (`PartialObjectMetadata`).
+    const METADATA_ONLY: bool;
+    /// Decode the object and its `metadata.resourceVersion`.
+    fn decode<'de, D: Deserializer<'de>>(d: D) -> Result<(Self, Option<String>), D::Error>;
 }
 
 impl Compact for CompactPod {
     type Full = k8s_openapi::api::core::v1::Pod;
-    fn resource_version(&self) -> Option<String> {
-        self.resource_version.clone()
+    const METADATA_ONLY: bool = false;
+    fn decode<'de, D: Deserializer<'de>>(d: D) -> Result<(Self, Option<String>), D::Error> {
+        let pod = Self::deserialize(d)?;
+        let rv = pod.resource_version.clone();
+        Ok((pod, rv))
+    }
+}
+
+impl Compact for CompactNode {
+    type Full = k8s_openapi::api::core::v1::Node;
+    const METADATA_ONLY: bool = true;
+    fn decode<'de, D: Deserializer<'de>>(d: D) -> Result<(Self, Option<String>), D::Error> {
+        Ok(node::Raw::deserialize(d)?.split())
     }
 }
 
@@ -32,10 +45,10 @@ pub struct Wire<T> {
 
 impl<'de, T: Compact> Deserialize<'de> for Wire<T> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let object = T::deserialize(d)?;
+        let (object, resource_version) = T::decode(d)?;
         Ok(Self {
             meta: ObjectMeta {
-                resource_version: object.resource_version(),
+                resource_version,
                 ..ObjectMeta::default()
             },
             object,
@@ -61,6 +74,9 @@ impl<T: Compact> Resource for Wire<T> {
     }
     fn plural(dt: &()) -> Cow<'_, str> {
         T::Full::plural(dt)
+    }
+    fn metadata_api() -> bool {
+        T::METADATA_ONLY
     }
     fn meta(&self) -> &ObjectMeta {
         &self.meta

@@ -2,11 +2,11 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Node};
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::jiff::Timestamp;
 use rocefabric_api::{RoceFabric, RoceNode};
 
-use crate::objects::CompactPod;
+use crate::objects::{CompactNode, CompactPod};
 use crate::regions::FreedRegions;
 
 /// Everything the planner looks at. The shell fills it from its watch caches; the `plan`
@@ -14,7 +14,7 @@ use crate::regions::FreedRegions;
 #[derive(Clone, Debug)]
 pub struct World {
     pub fabrics: Vec<RoceFabric>,
-    pub nodes: Vec<Node>,
+    pub nodes: Vec<CompactNode>,
     pub roce_nodes: Vec<RoceNode>,
     pub pods: Vec<CompactPod>,
     /// The region directories (`<fabric>-regions`, labelled `rocefabric.io/fabric`); other

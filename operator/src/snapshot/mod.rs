@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use std::io::{BufRead, Read};
 use std::path::{Path, PathBuf};
 
-use k8s_openapi::api::core::v1::{ConfigMap, Node};
+use k8s_openapi::api::core::v1::ConfigMap;
 use rocefabric_api::validate::FieldError;
 use rocefabric_api::{RoceFabric, RoceNode};
 use rocefabric_input::read::{self, ReadError, human};
@@ -118,7 +118,7 @@ pub struct Snapshot {
     pub fabrics: Vec<RoceFabric>,
     /// Fabrics too malformed to read as a RoceFabric at all.
     pub unreadable_fabrics: Vec<InvalidFabric>,
-    pub nodes: Vec<Node>,
+    pub nodes: Vec<crate::objects::CompactNode>,
     pub roce_nodes: Vec<RoceNode>,
     pub pods: Vec<crate::objects::CompactPod>,
     pub config_maps: Vec<ConfigMap>,
@@ -380,7 +380,7 @@ mod tests {
             .expect("loads");
         assert_eq!(token.as_deref(), Some("tok"));
         assert_eq!(snap.nodes.len(), 2);
-        assert!(snap.nodes[0].metadata.managed_fields.is_none(), "trimmed");
+        assert_eq!(snap.nodes[0].labels.len(), 0);
         let last = serde_json::json!({"kind": "NodeList", "metadata": {"continue": ""},
             "items": [{"metadata": {"name": "n3"}}]});
         let token = snap

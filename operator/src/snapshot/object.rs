@@ -4,7 +4,6 @@
 
 use std::path::Path;
 
-use k8s_openapi::api::core::v1::Node;
 use rocefabric_api::RoceFabric;
 use rocefabric_api::structural::{dns_label, dns_subdomain};
 use rocefabric_api::validate::{self, FieldError};
@@ -12,7 +11,7 @@ use rocefabric_input::shown;
 use rocefabric_input::yaml;
 use serde_json::Value;
 
-use crate::objects::CompactPod;
+use crate::objects::{CompactNode, CompactPod};
 
 use super::{InvalidFabric, Kind, MAX_NOTES, Snapshot, SnapshotError};
 
@@ -160,8 +159,7 @@ impl Snapshot {
         match k {
             Kind::RoceFabric => self.keep_fabric(name, value),
             Kind::Node => {
-                let mut node: Node = yaml::typed(value).map_err(typed)?;
-                crate::trim::node(&mut node);
+                let node: CompactNode = yaml::typed(value).map_err(typed)?;
                 self.nodes.push(node);
             }
             Kind::Pod => {
@@ -239,7 +237,7 @@ impl Snapshot {
             _ if matches!(kept, Kept::Digest(_)) => kept == Kept::Digest(digest(&value)),
             Kind::RoceFabric => same_json(self.fabrics.get(i), value),
             Kind::Pod => same(self.pods.get(i), value, |_| ()),
-            Kind::Node => same(self.nodes.get(i), value, crate::trim::node),
+            Kind::Node => same(self.nodes.get(i), value, |_| ()),
             Kind::RoceNode => same_json(self.roce_nodes.get(i), value),
             Kind::ConfigMap => same(self.config_maps.get(i), value, |_| ()),
         };

@@ -13,7 +13,7 @@ use rocefabric_api::{RoceFabric, RoceNode};
 use rocefabric_formats::directory::{self, DirectoryEntry};
 use rocefabric_formats::names::DIRECTORY_KEY;
 use rocefabric_formats::region::RegionAssignment;
-pub use rocefabric_operator::objects::CompactPod;
+pub use rocefabric_operator::objects::{CompactNode, CompactPod};
 use rocefabric_operator::planner::writes::{
     region_directory_name, region_directory_object, roce_node_object,
 };
@@ -52,7 +52,7 @@ pub fn edit(p: &mut CompactPod, f: impl FnOnce(Pod) -> Pod) {
 pub fn world(fabrics: Vec<RoceFabric>, nodes: Vec<Node>, pods: Vec<Pod>) -> World {
     World {
         fabrics,
-        nodes,
+        nodes: nodes.into_iter().map(CompactNode::from).collect(),
         pods: pods.into_iter().map(CompactPod::from).collect(),
         ..World::empty(now())
     }

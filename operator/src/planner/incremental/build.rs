@@ -45,7 +45,7 @@ impl State {
             .collect();
         let mut state = State::empty(&parsed, validation, plan);
         for node in &world.nodes {
-            let name = node.metadata.name.clone().unwrap_or_default();
+            let name = node.name.clone();
             let owner = state.selectors.owner_of(node);
             state.move_node(&name, owner, roce_node(&name));
         }

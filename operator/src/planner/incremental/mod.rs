@@ -21,7 +21,7 @@ mod regions;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use k8s_openapi::api::core::v1::{ConfigMap, Node};
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use rocefabric_api::constants::FABRIC_LABEL;
@@ -31,7 +31,7 @@ use super::pod::{self, PodRef};
 use super::selection::{self, Route, Router};
 use super::writes::{Write, region_directory_name};
 use super::{Plan, PlanOptions, World};
-use crate::objects::{CompactPod, Matcher};
+use crate::objects::{CompactNode, CompactPod, Matcher};
 use crate::regions::{FreedRegions, Ledger};
 use keyed::Keyed;
 use nodes::{NodeSelectors, Owner, Rollout};
@@ -55,7 +55,7 @@ pub struct Figures {
 pub struct Incremental {
     opts: PlanOptions,
     fabrics: Vec<RoceFabric>,
-    nodes: Keyed<String, Node>,
+    nodes: Keyed<String, CompactNode>,
     roce_nodes: Keyed<String, RoceNode>,
     pods: Keyed<PodKey, CompactPod>,
     config_maps: Keyed<PodKey, ConfigMap>,
@@ -102,7 +102,7 @@ impl Incremental {
         Self {
             opts,
             fabrics: Vec::new(),
-            nodes: Keyed::new(|n: &Node| name_key(&n.metadata)),
+            nodes: Keyed::new(|n: &CompactNode| n.name.clone()),
             roce_nodes: Keyed::new(|n: &RoceNode| name_key(&n.metadata)),
             pods: Keyed::new(|p: &CompactPod| (p.namespace.to_string(), p.name.clone())),
             config_maps: Keyed::new(|c: &ConfigMap| object_key(&c.metadata)),
@@ -144,7 +144,7 @@ impl Incremental {
         }
         self.pod_selectors = specs
             .iter()
-            .filter_map(|s| selection::parse_selector(s).ok().map(Matcher::from))
+            .filter_map(|s| selection::parse_selector(s).ok())
             .collect();
         self.pod_selector_specs = specs;
     }
@@ -251,8 +251,8 @@ impl Incremental {
 
     // --- Nodes.
 
-    pub fn upsert_node(&mut self, node: Node) {
-        let name = node.metadata.name.clone().unwrap_or_default();
+    pub fn upsert_node(&mut self, node: CompactNode) {
+        let name = node.name.clone();
         let owner = self.state.as_ref().map(|s| s.selectors.owner_of(&node));
         self.nodes.insert(node);
         if let (Some(owner), Some(state)) = (owner, self.state.as_mut()) {
@@ -400,7 +400,7 @@ impl Incremental {
         self.fabrics_changed();
     }
 
-    pub fn replace_nodes(&mut self, items: Vec<Node>) {
+    pub fn replace_nodes(&mut self, items: Vec<CompactNode>) {
         self.fall_back();
         self.nodes.replace(items);
     }
