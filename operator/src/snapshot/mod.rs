@@ -15,6 +15,7 @@
 //! to `object`, which identifies it, tells a second copy apart and keeps it.
 
 mod object;
+mod prune;
 mod stream;
 
 use std::collections::HashMap;
@@ -329,10 +330,17 @@ impl Snapshot {
         let mut failure = None;
         let meter = Meter::default();
         meter.start_object();
-        let mut de = serde_json::Deserializer::from_reader(Metered {
+        // Buffered above the meter: serde_json reads a byte at a time, and a byte through the
+        // meter each would cost more than the parse (the meter then runs up to one buffer
+        // ahead of the parser, well inside the margin between 8 MiB and the API's 3 MiB).
+        let metered = Metered {
             inner: reader,
             meter: &meter,
-        });
+        };
+        let mut de = serde_json::Deserializer::from_reader(std::io::BufReader::with_capacity(
+            64 * 1024,
+            metered,
+        ));
         let seed = Top {
             snapshot: self,
             path,
