@@ -2,17 +2,19 @@
 //! (`kind: List` or any `*List` with `items`), multi-document YAML, or a single object.
 //!
 //! Outside data, so read defensively:
-//! - JSON is streamed: one item is parsed at a time and cut to what the planner reads
-//!   ([`crate::trim`]) before the next, so a `kubectl get pods -A -o json` of a large cluster
-//!   needs memory for the kept fields only. Up to [`MAX_JSON_BYTES`].
+//! - JSON is streamed: one item is parsed at a time, and of a pod or node list's items only the
+//!   fields the planner reads are built (`prune`), then decoded into the planner's compact
+//!   objects ([`crate::objects`]), so a `kubectl get pods -A -o json` of a large cluster needs
+//!   memory for the kept fields only. Up to [`MAX_JSON_BYTES`].
 //! - YAML is parsed a document at a time (the parser holds one document), strictly (duplicate
 //!   keys, nesting depth: [`rocefabric_input::yaml`]). Up to [`MAX_YAML_BYTES`].
 //! - Objects are keyed by kind, namespace and name: one given twice is counted once and noted,
 //!   or refused when the two copies differ.
 //! - Names are checked as the API server checks them; type errors name the field path.
 //!
-//! One file per step: `stream` parses (a JSON stream, or YAML documents) and hands each object
-//! to `object`, which identifies it, tells a second copy apart and keeps it.
+//! One file per step: `stream` parses (a JSON stream, or YAML documents; `prune` says what of
+//! an item is built) and hands each object to `object`, which identifies it, tells a second
+//! copy apart and keeps it.
 
 mod object;
 mod prune;

@@ -21,26 +21,27 @@ pub(super) enum Keep {
 
 use Keep::{All, Fields};
 
-/// What [`crate::objects::CompactPod`] reads, and what identifies an object.
+/// The metadata the compact objects read (a node's labels; a pod's, its age and our
+/// annotations), and what identifies an object.
+const METADATA: Keep = Fields(&[
+    ("name", All),
+    ("namespace", All),
+    ("resourceVersion", All),
+    ("uid", All),
+    ("creationTimestamp", All),
+    ("deletionTimestamp", All),
+    ("labels", All),
+    (
+        "annotations",
+        Fields(&[(REGION_ANNOTATION, All), (REGION_SIZE_ANNOTATION, All)]),
+    ),
+]);
+
+/// What [`crate::objects::CompactPod`] reads.
 const POD: Keep = Fields(&[
     ("apiVersion", All),
     ("kind", All),
-    (
-        "metadata",
-        Fields(&[
-            ("name", All),
-            ("namespace", All),
-            ("resourceVersion", All),
-            ("uid", All),
-            ("creationTimestamp", All),
-            ("deletionTimestamp", All),
-            ("labels", All),
-            (
-                "annotations",
-                Fields(&[(REGION_ANNOTATION, All), (REGION_SIZE_ANNOTATION, All)]),
-            ),
-        ]),
-    ),
+    ("metadata", METADATA),
     (
         "spec",
         Fields(&[("nodeName", All), ("schedulingGates", All)]),
@@ -48,20 +49,8 @@ const POD: Keep = Fields(&[
     ("status", Fields(&[("phase", All), ("podIP", All)])),
 ]);
 
-/// What [`crate::objects::CompactNode`] reads, and what identifies an object.
-const NODE: Keep = Fields(&[
-    ("apiVersion", All),
-    ("kind", All),
-    (
-        "metadata",
-        Fields(&[
-            ("name", All),
-            ("namespace", All),
-            ("resourceVersion", All),
-            ("labels", All),
-        ]),
-    ),
-]);
+/// What [`crate::objects::CompactNode`] reads.
+const NODE: Keep = Fields(&[("apiVersion", All), ("kind", All), ("metadata", METADATA)]);
 
 impl Keep {
     /// What to build of the items of a file that holds only `accept`.
