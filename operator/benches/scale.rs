@@ -88,8 +88,8 @@ fn planner(passes: &[Pass]) -> Vec<Duration> {
 }
 
 /// What the operator keeps of one generated node and one fabric pod, in heap bytes as
-/// requested (the allocator adds about 16 bytes per block): parsed as its watches parse them
-/// and trimmed as it trims them. The profile behind the memory figure.
+/// requested (the allocator adds about 16 bytes per block): decoded as its watches decode them
+/// (compact objects). The profile behind the memory figure.
 fn object_costs(cluster: &GeneratedCluster) -> anyhow::Result<(usize, usize)> {
     use rocefabric_operator::objects::{CompactNode, CompactPod, Wire};
     const SAMPLE: u32 = 1000;
@@ -222,7 +222,7 @@ fn print(f: &Figures) {
         );
     }
     row(
-        "  the operator's copy of one node (metadata) / one fabric pod (trimmed), heap bytes",
+        "  the operator's copy of one node / one fabric pod (compact objects), heap bytes",
         format!("{} / {}", f.object_costs.0, f.object_costs.1),
         "",
     );
