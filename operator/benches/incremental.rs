@@ -15,7 +15,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::jiff::Timestamp;
-use rocefabric_api::constants::REGION_ANNOTATION;
+use rocefabric_operator::objects::CompactNode;
 use rocefabric_operator::planner::incremental::Incremental;
 use rocefabric_operator::planner::writes::{region_directory_object, roce_node_object};
 use rocefabric_operator::planner::{Plan, PlanOptions, Write};
@@ -68,7 +68,7 @@ fn land(engine: &mut Incremental, plan: &Plan, now: Timestamp) {
             } => engine.annotated(namespace, pod, uid.as_deref(), value),
             Write::RemovePodGate { namespace, pod, .. } => {
                 let mut p = engine.pod(namespace, pod).unwrap().clone();
-                p.spec.as_mut().unwrap().scheduling_gates = None;
+                p.gates.clear();
                 engine.upsert_pod(p);
             }
             Write::ApplyRegionDirectory {
@@ -185,7 +185,7 @@ fn main() {
             p.metadata.name.clone().unwrap(),
         );
         let t = Instant::now();
-        engine.upsert_pod(p);
+        engine.upsert_pod(p.into());
         let plan = engine.plan(now);
         samples.push(t.elapsed());
         assert!(
@@ -202,13 +202,7 @@ fn main() {
     );
     let held = engine
         .pod("team-0000", &format!("worker-{:07}", pods))
-        .and_then(|p| {
-            p.metadata
-                .annotations
-                .as_ref()?
-                .get(REGION_ANNOTATION)
-                .cloned()
-        });
+        .and_then(|p| p.region.clone());
     assert!(held.is_some(), "the write landed");
 
     // A node leaves the fabric (its label changes) and comes back.
@@ -217,12 +211,8 @@ fn main() {
     for i in 0..events {
         now += Duration::from_secs(1);
         let k = (i * 7919) % nodes;
-        let mut n = bench_cluster::node(k);
-        n.metadata
-            .labels
-            .as_mut()
-            .unwrap()
-            .insert("gpu".into(), "maintenance".into());
+        let mut n = CompactNode::from(bench_cluster::node(k));
+        n.labels.insert("gpu", "maintenance");
         let t = Instant::now();
         engine.upsert_node(n);
         let plan = engine.plan(now);
@@ -234,7 +224,7 @@ fn main() {
         );
         land(&mut engine, &plan, now);
         let t = Instant::now();
-        engine.upsert_node(bench_cluster::node(k));
+        engine.upsert_node(bench_cluster::node(k).into());
         let plan = engine.plan(now);
         join.push(t.elapsed());
         assert!(

@@ -12,7 +12,6 @@ use std::collections::BTreeMap;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use rocefabric_api::constants::REGION_ANNOTATION;
 use rocefabric_operator::planner::writes::{
     region_directory_name, region_directory_object, roce_node_object,
 };
@@ -48,13 +47,7 @@ fn world() -> World {
 fn apply(world: &mut World, p: &Plan) {
     let mut pods: BTreeMap<(String, String), usize> = BTreeMap::new();
     for (i, pod) in world.pods.iter().enumerate() {
-        pods.insert(
-            (
-                pod.metadata.namespace.clone().unwrap(),
-                pod.metadata.name.clone().unwrap(),
-            ),
-            i,
-        );
+        pods.insert((pod.namespace.to_string(), pod.name.clone()), i);
     }
     for w in &p.writes {
         match w {
@@ -81,15 +74,11 @@ fn apply(world: &mut World, p: &Plan) {
                 ..
             } => {
                 let i = pods[&(namespace.clone(), pod.clone())];
-                world.pods[i]
-                    .metadata
-                    .annotations
-                    .get_or_insert_default()
-                    .insert(REGION_ANNOTATION.into(), value.clone());
+                world.pods[i].region = Some(value.clone());
             }
             Write::RemovePodGate { namespace, pod, .. } => {
                 let i = pods[&(namespace.clone(), pod.clone())];
-                world.pods[i].spec.as_mut().unwrap().scheduling_gates = None;
+                world.pods[i].gates.clear();
             }
             Write::ApplyRegionDirectory {
                 namespace,

@@ -88,10 +88,10 @@ fn planner(passes: &[Pass]) -> Vec<Duration> {
 }
 
 /// What the operator keeps of one generated node and one fabric pod, in heap bytes as
-/// requested (the allocator adds about 16 bytes per block): parsed as its watches parse them
-/// and trimmed as it trims them. The profile behind the memory figure.
+/// requested (the allocator adds about 16 bytes per block): decoded as its watches decode them
+/// (compact objects). The profile behind the memory figure.
 fn object_costs(cluster: &GeneratedCluster) -> anyhow::Result<(usize, usize)> {
-    use k8s_openapi::api::core::v1::{Node, Pod};
+    use rocefabric_operator::objects::{CompactNode, CompactPod, Wire};
     const SAMPLE: u32 = 1000;
     let node_json: Vec<String> = (0..SAMPLE)
         .map(|i| {
@@ -113,22 +113,17 @@ fn object_costs(cluster: &GeneratedCluster) -> anyhow::Result<(usize, usize)> {
     let before = HEAP.current_usage();
     let mut nodes = Vec::with_capacity(node_json.len());
     for j in &node_json {
-        let meta: kube::api::PartialObjectMeta<Node> = serde_json::from_str(j)?;
-        let mut node = Node {
-            metadata: meta.metadata,
-            spec: None,
-            status: None,
-        };
-        rocefabric_operator::trim::node(&mut node);
-        nodes.push(node);
+        // As the node watch decodes it.
+        let node: Wire<CompactNode> = serde_json::from_str(j)?;
+        nodes.push(node.object);
     }
     let node_bytes = (HEAP.current_usage() - before) / nodes.len();
     let before = HEAP.current_usage();
     let mut pods = Vec::with_capacity(pod_json.len());
     for j in &pod_json {
-        let mut pod: Pod = serde_json::from_str(j)?;
-        rocefabric_operator::trim::pod(&mut pod);
-        pods.push(pod);
+        // As the pod watch decodes it.
+        let pod: Wire<CompactPod> = serde_json::from_str(j)?;
+        pods.push(pod.object);
     }
     let pod_bytes = (HEAP.current_usage() - before) / pods.len().max(1);
     Ok((node_bytes, pod_bytes))
@@ -227,7 +222,7 @@ fn print(f: &Figures) {
         );
     }
     row(
-        "  the operator's copy of one node (metadata) / one fabric pod (trimmed), heap bytes",
+        "  the operator's copy of one node / one fabric pod (compact objects), heap bytes",
         format!("{} / {}", f.object_costs.0, f.object_costs.1),
         "",
     );

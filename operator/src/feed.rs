@@ -5,11 +5,11 @@
 //! buffered and replace that kind's objects at `InitDone` (a full pass follows). Single events
 //! go to the planner as they come.
 
-use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
-use kube::api::PartialObjectMeta;
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::runtime::watcher::Event;
 use rocefabric_api::{RoceFabric, RoceNode};
 
+use crate::objects::{CompactNode, CompactPod};
 use crate::overlay::AnnotationOverlay;
 use crate::planner::incremental::Incremental;
 
@@ -17,9 +17,9 @@ use crate::planner::incremental::Incremental;
 #[allow(clippy::large_enum_variant)]
 pub enum Seen {
     Fabric(Event<RoceFabric>),
-    Node(Event<PartialObjectMeta<Node>>),
+    Node(Event<CompactNode>),
     RoceNode(Event<RoceNode>),
-    Pod(Event<Pod>),
+    Pod(Event<CompactPod>),
     ConfigMap(Event<ConfigMap>),
 }
 
@@ -27,9 +27,9 @@ pub enum Seen {
 #[derive(Default)]
 struct Listing {
     fabrics: Option<Vec<RoceFabric>>,
-    nodes: Option<Vec<Node>>,
+    nodes: Option<Vec<CompactNode>>,
     roce_nodes: Option<Vec<RoceNode>>,
-    pods: Option<Vec<Pod>>,
+    pods: Option<Vec<CompactPod>>,
     config_maps: Option<Vec<ConfigMap>>,
 }
 
@@ -41,16 +41,6 @@ pub struct Feed {
     synced: [bool; 5],
     /// The pod watch has begun (its list may have dropped pods a later selector picks).
     pods_seen: bool,
-}
-
-fn node_of(meta: PartialObjectMeta<Node>) -> Node {
-    let mut node = Node {
-        metadata: meta.metadata,
-        spec: None,
-        status: None,
-    };
-    crate::trim::node(&mut node);
-    node
 }
 
 fn name_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> (&str, &str) {
@@ -81,7 +71,7 @@ impl Feed {
         self.synced.iter().all(|s| *s)
     }
 
-    /// Take one event. Pods are trimmed to what the planner reads, and get back a region
+    /// Take one event. Pods (decoded compact by the watch) get back a region
     /// annotation we wrote that the watch does not show yet (`overlay`). Returns whether the
     /// world changed.
     pub fn seen(&mut self, seen: Seen, overlay: &mut AnnotationOverlay) -> bool {
@@ -90,7 +80,6 @@ impl Feed {
         self.pods_seen |= matches!(seen, Seen::Pod(_));
         let seen = match seen {
             Seen::Pod(Event::InitApply(mut pod)) => {
-                crate::trim::pod(&mut pod);
                 overlay.patch_one(&mut pod);
                 if self.planner.wants_pod(&pod) {
                     self.listing.pods.get_or_insert_default().push(pod);
@@ -101,7 +90,7 @@ impl Feed {
         };
         match seen {
             Seen::Fabric(e) => self.take(e, |f| f, &FABRICS),
-            Seen::Node(e) => self.take(e, node_of, &NODES),
+            Seen::Node(e) => self.take(e, |n| n, &NODES),
             Seen::RoceNode(e) => self.take(
                 e,
                 |mut n: RoceNode| {
@@ -112,8 +101,7 @@ impl Feed {
             ),
             Seen::Pod(e) => self.take(
                 e,
-                |mut pod: Pod| {
-                    crate::trim::pod(&mut pod);
+                |mut pod: CompactPod| {
                     overlay.patch_one(&mut pod);
                     pod
                 },
@@ -187,7 +175,7 @@ const FABRICS: Kind<RoceFabric> = Kind {
     replace: Incremental::replace_fabrics,
 };
 
-const NODES: Kind<Node> = Kind {
+const NODES: Kind<CompactNode> = Kind {
     index: 1,
     listing: |l| &mut l.nodes,
     upsert: |p, n| {
@@ -195,7 +183,7 @@ const NODES: Kind<Node> = Kind {
         true
     },
     remove: |p, n| {
-        p.remove_node(name_of(&n.metadata).1);
+        p.remove_node(&n.name);
         true
     },
     replace: Incremental::replace_nodes,
@@ -215,14 +203,11 @@ const ROCE_NODES: Kind<RoceNode> = Kind {
     replace: Incremental::replace_roce_nodes,
 };
 
-const PODS: Kind<Pod> = Kind {
+const PODS: Kind<CompactPod> = Kind {
     index: 3,
     listing: |l| &mut l.pods,
     upsert: Incremental::upsert_pod,
-    remove: |p, pod| {
-        let (ns, name) = name_of(&pod.metadata);
-        p.remove_pod(ns, name)
-    },
+    remove: |p, pod| p.remove_pod(&pod.namespace, &pod.name),
     replace: Incremental::replace_pods,
 };
 
@@ -242,17 +227,13 @@ mod tests {
     use super::*;
     use crate::planner::PlanOptions;
 
-    fn pod(name: &str, labels: &[(&str, &str)]) -> Pod {
-        let mut p = Pod::default();
-        p.metadata.namespace = Some("ns".into());
-        p.metadata.name = Some(name.into());
-        p.metadata.labels = Some(
-            labels
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-        );
-        p
+    fn pod(name: &str, labels: &[(&str, &str)]) -> CompactPod {
+        CompactPod {
+            namespace: crate::objects::intern("ns"),
+            name: name.into(),
+            labels: labels.iter().copied().collect(),
+            ..CompactPod::default()
+        }
     }
 
     #[test]
@@ -303,7 +284,7 @@ mod tests {
         .expect("valid fabric")
     }
 
-    fn list_pods(feed: &mut Feed, overlay: &mut AnnotationOverlay, pods: Vec<Pod>) {
+    fn list_pods(feed: &mut Feed, overlay: &mut AnnotationOverlay, pods: Vec<CompactPod>) {
         feed.seen(Seen::Pod(Event::Init), overlay);
         for p in pods {
             feed.seen(Seen::Pod(Event::InitApply(p)), overlay);

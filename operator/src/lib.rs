@@ -7,6 +7,7 @@ pub mod heap;
 pub mod http;
 pub mod leader;
 pub mod metrics;
+pub mod objects;
 pub mod overlay;
 pub mod planner;
 pub mod rate;

@@ -5,9 +5,9 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
-use rocefabric_api::constants::REGION_ANNOTATION;
 use tokio::time::Instant;
+
+use crate::objects::CompactPod;
 
 /// Pod annotations the operator wrote that the watch cache may not show yet.
 ///
@@ -51,26 +51,22 @@ impl AnnotationOverlay {
 
     /// Put a remembered value into one pod as it arrives from the watch; forget the entry once
     /// the pod shows it, is replaced by another of the same name, or the entry is past the TTL.
-    pub fn patch_one(&mut self, pod: &mut Pod) {
-        let key = (
-            pod.metadata.namespace.clone().unwrap_or_default(),
-            pod.metadata.name.clone().unwrap_or_default(),
-        );
+    pub fn patch_one(&mut self, pod: &mut CompactPod) {
+        if self.entries.is_empty() {
+            return;
+        }
+        let key = (pod.namespace.to_string(), pod.name.clone());
         let Some(entry) = self.entries.get(&key) else {
             return;
         };
         let stale = entry.at.elapsed() >= Self::TTL;
-        let replaced = entry.uid.is_some() && entry.uid != pod.metadata.uid;
-        let annotations = pod.metadata.annotations.get_or_insert_default();
-        let shown = annotations.get(REGION_ANNOTATION) == Some(&entry.value);
+        let replaced = entry.uid.is_some() && entry.uid != pod.uid;
+        let shown = pod.region.as_ref() == Some(&entry.value);
         if stale || replaced || shown {
             self.entries.remove(&key);
-            if annotations.is_empty() {
-                pod.metadata.annotations = None;
-            }
             return;
         }
-        annotations.insert(REGION_ANNOTATION.to_string(), entry.value.clone());
+        pod.region = Some(entry.value.clone());
     }
 
     /// Forget everything (on a change of leadership: another leader may have written since).
@@ -93,23 +89,18 @@ impl AnnotationOverlay {
 mod tests {
     use super::*;
 
-    fn pod(ns: &str, name: &str, annotation: Option<&str>) -> Pod {
-        let mut p = Pod::default();
-        p.metadata.namespace = Some(ns.into());
-        p.metadata.name = Some(name.into());
-        p.metadata.uid = Some(format!("uid-{name}"));
-        if let Some(v) = annotation {
-            p.metadata.annotations = Some([(REGION_ANNOTATION.to_string(), v.to_string())].into());
+    fn pod(ns: &str, name: &str, annotation: Option<&str>) -> CompactPod {
+        CompactPod {
+            namespace: crate::objects::intern(ns),
+            name: name.into(),
+            uid: Some(format!("uid-{name}")),
+            region: annotation.map(str::to_string),
+            ..CompactPod::default()
         }
-        p
     }
 
-    fn region_of(p: &Pod) -> Option<&str> {
-        p.metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(REGION_ANNOTATION))
-            .map(String::as_str)
+    fn region_of(p: &CompactPod) -> Option<&str> {
+        p.region.as_deref()
     }
 
     #[tokio::test(start_paused = true)]
@@ -120,7 +111,7 @@ mod tests {
         o.patch_one(&mut a);
         o.patch_one(&mut b);
         assert_eq!(region_of(&a), Some("{\"id\":1}"));
-        assert!(b.metadata.annotations.is_none());
+        assert!(b.region.is_none());
         assert_eq!(o.len(), 1, "kept until the cache shows it");
         o.patch_one(&mut pod("ns", "a", Some("{\"id\":1}")));
         assert!(o.is_empty());
@@ -136,10 +127,7 @@ mod tests {
         tokio::time::advance(AnnotationOverlay::TTL / 2).await;
         let mut a = pod("ns", "a", None);
         o.patch_one(&mut a);
-        assert!(
-            a.metadata.annotations.is_none(),
-            "after the TTL the cache is trusted"
-        );
+        assert!(a.region.is_none(), "after the TTL the cache is trusted");
         o.forget_stale();
         assert_eq!(
             o.len(),
@@ -154,7 +142,7 @@ mod tests {
         o.record("ns", "a", Some("uid-old".into()), "x");
         let mut a = pod("ns", "a", None); // uid-a: a new pod named a
         o.patch_one(&mut a);
-        assert!(a.metadata.annotations.is_none());
+        assert!(a.region.is_none());
         assert!(o.is_empty());
     }
 }

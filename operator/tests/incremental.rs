@@ -13,10 +13,8 @@ mod support;
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use proptest::prelude::*;
-use rocefabric_api::constants::REGION_ANNOTATION;
 use rocefabric_operator::planner::incremental::Incremental;
 use rocefabric_operator::planner::{Plan, PlanOptions, World, plan};
 use rocefabric_operator_testing::objects::*;
@@ -138,12 +136,9 @@ impl Sim {
         }
     }
 
-    fn pod_mut(&mut self, ns: u8, id: u8) -> Option<&mut k8s_openapi::api::core::v1::Pod> {
+    fn pod_mut(&mut self, ns: u8, id: u8) -> Option<&mut CompactPod> {
         let (ns, name) = (ns_name(ns), pod_name(id));
-        self.world.pods.iter_mut().find(|p| {
-            p.metadata.namespace.as_deref() == Some(&ns)
-                && p.metadata.name.as_deref() == Some(&name)
-        })
+        self.world.pods.iter_mut().find(|p| p.key() == (&ns, &name))
     }
 
     fn apply(&mut self, op: &Op) {
@@ -156,17 +151,13 @@ impl Sim {
                     2 => &[("tier", "gpu")],
                     _ => &[("fabric", "a"), ("tier", "gpu")],
                 };
-                let n = node(&node_name(*id), pairs);
-                self.world
-                    .nodes
-                    .retain(|x| x.metadata.name != n.metadata.name);
+                let n = CompactNode::from(node(&node_name(*id), pairs));
+                self.world.nodes.retain(|x| x.name != n.name);
                 self.world.nodes.push(n);
             }
             Op::RemoveNode(id) => {
                 let name = node_name(*id);
-                self.world
-                    .nodes
-                    .retain(|n| n.metadata.name.as_deref() != Some(&name));
+                self.world.nodes.retain(|n| n.name != name);
             }
             Op::Report { id, applied } => {
                 let name = node_name(*id);
@@ -202,56 +193,39 @@ impl Sim {
                     3 => p = with_size_request(p, "lots"),
                     _ => {}
                 }
-                let key = (p.metadata.namespace.clone(), p.metadata.name.clone());
-                self.world
-                    .pods
-                    .retain(|x| (x.metadata.namespace.clone(), x.metadata.name.clone()) != key);
+                let p = CompactPod::from(p);
+                self.world.pods.retain(|x| x.key() != p.key());
                 self.world.pods.push(p);
             }
             Op::Schedule { ns, id } => {
                 let node = node_name(*id % 10);
-                if let Some(p) = self.pod_mut(*ns, *id) {
-                    let gated = p
-                        .spec
-                        .as_ref()
-                        .and_then(|s| s.scheduling_gates.as_ref())
-                        .is_some_and(|g| !g.is_empty());
-                    if !gated {
-                        *p = scheduled(p.clone(), &node, &format!("10.0.{ns}.{id}"));
-                        bump(p);
-                    }
+                if let Some(p) = self.pod_mut(*ns, *id)
+                    && p.gates.is_empty()
+                {
+                    edit(p, |p| scheduled(p, &node, &format!("10.0.{ns}.{id}")));
+                    bump(p);
                 }
             }
             Op::Finish { ns, id } => {
                 if let Some(p) = self.pod_mut(*ns, *id) {
-                    p.status.get_or_insert_default().phase = Some("Succeeded".into());
+                    p.phase = Some("Succeeded".into());
                     bump(p);
                 }
             }
             Op::Terminate { ns, id } => {
-                let now = ts(self.clock);
                 if let Some(p) = self.pod_mut(*ns, *id) {
-                    p.metadata.deletion_timestamp = Some(Time(now));
+                    p.deleting = true;
                     bump(p);
                 }
             }
             Op::RemovePod { ns, id } => {
                 let (ns, name) = (ns_name(*ns), pod_name(*id));
-                self.world.pods.retain(|p| {
-                    p.metadata.namespace.as_deref() != Some(&ns)
-                        || p.metadata.name.as_deref() != Some(&name)
-                });
+                self.world.pods.retain(|p| p.key() != (&ns, &name));
             }
             Op::Copy { from, to } => {
-                let value = self.pod_mut(0, *from).and_then(|p| {
-                    p.metadata
-                        .annotations
-                        .as_ref()?
-                        .get(REGION_ANNOTATION)
-                        .cloned()
-                });
+                let value = self.pod_mut(0, *from).and_then(|p| p.region.clone());
                 if let (Some(v), Some(p)) = (value, self.pod_mut(0, *to)) {
-                    *p = with_annotation(p.clone(), &v);
+                    edit(p, |p| with_annotation(p, &v));
                     bump(p);
                 }
             }
@@ -347,11 +321,7 @@ impl Sim {
         };
         apply_writes(&mut self.world, &reference.writes[..n]);
         for p in &mut self.world.pods {
-            if before
-                .pods
-                .iter()
-                .any(|b| b.metadata.uid == p.metadata.uid && b != p)
-            {
+            if before.pods.iter().any(|b| b.uid == p.uid && b != p) {
                 bump(p);
             }
         }
@@ -361,14 +331,13 @@ impl Sim {
 }
 
 /// A write changes the resourceVersion, as the API server does.
-fn bump(p: &mut k8s_openapi::api::core::v1::Pod) {
+fn bump(p: &mut CompactPod) {
     let rv: u64 = p
-        .metadata
         .resource_version
         .as_deref()
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
-    p.metadata.resource_version = Some((rv + 1).to_string());
+    p.resource_version = Some((rv + 1).to_string());
 }
 
 fn compare(reference: &Plan, incremental: &Plan, engine: &Incremental, pass: usize) {
@@ -453,7 +422,7 @@ fn sync(engine: &mut Incremental, before: &World, after: &World) {
     );
     diff!(
         nodes,
-        |n: &k8s_openapi::api::core::v1::Node| name(&n.metadata),
+        |n: &CompactNode| (String::new(), n.name.clone()),
         |e: &mut Incremental, n| e.upsert_node(n),
         |e: &mut Incremental, k: &(String, String)| e.remove_node(&k.1)
     );
@@ -465,7 +434,7 @@ fn sync(engine: &mut Incremental, before: &World, after: &World) {
     );
     diff!(
         pods,
-        |p: &k8s_openapi::api::core::v1::Pod| name(&p.metadata),
+        |p: &CompactPod| (p.namespace.to_string(), p.name.clone()),
         |e: &mut Incremental, p| e.upsert_pod(p),
         |e: &mut Incremental, k: &(String, String)| e.remove_pod(&k.0, &k.1)
     );
@@ -551,10 +520,7 @@ fn settled_changes_are_planned_without_a_full_pass() {
     assert!(after.incremental_plans >= settled.incremental_plans + 3);
     let pod = sim.pod_mut(0, 9).unwrap().clone();
     assert!(
-        pod.metadata
-            .annotations
-            .as_ref()
-            .is_some_and(|a| a.contains_key(REGION_ANNOTATION)),
+        pod.region.is_some(),
         "the new pod got its region off the indexes"
     );
 }

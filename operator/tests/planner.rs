@@ -484,7 +484,7 @@ fn nodes_leaving_the_selection_lose_their_roce_node() {
     let mut w = world(vec![f], nodes("n", 3, &[GPU]), vec![]);
     converge(&mut w);
     assert_eq!(w.roce_nodes.len(), 3);
-    w.nodes[1].metadata.labels = labels(&[("gpu", "none")]);
+    w.nodes[1].labels = [("gpu", "none")].into_iter().collect();
     w.nodes.remove(2);
     let p = step(&mut w);
     assert_eq!(deleted_nodes(&p), ["n-001", "n-002"]);

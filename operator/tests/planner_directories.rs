@@ -24,8 +24,7 @@ fn the_directory_follows_scheduling_and_is_removed_with_the_last_region() {
     );
     step(&mut w);
     assert_eq!(directory_of(&w, "ns").unwrap()[0].node, None);
-    let scheduled_pod = scheduled(w.pods[0].clone(), "dgx-1", "10.1.0.5");
-    w.pods[0] = scheduled_pod;
+    edit(&mut w.pods[0], |p| scheduled(p, "dgx-1", "10.1.0.5"));
     let p = step(&mut w);
     assert!(
         matches!(p.writes.as_slice(), [Write::ApplyRegionDirectory { .. }]),
@@ -38,7 +37,7 @@ fn the_directory_follows_scheduling_and_is_removed_with_the_last_region() {
         (Some("dgx-1"), Some("10.1.0.5"))
     );
 
-    w.pods[0].status.as_mut().unwrap().phase = Some("Succeeded".into());
+    w.pods[0].phase = Some("Succeeded".into());
     let p = step(&mut w);
     assert!(p.writes.contains(&Write::DeleteRegionDirectory {
         namespace: "ns".into(),
@@ -124,11 +123,13 @@ fn a_directory_over_the_limit_is_not_written_and_is_reported() {
         .collect();
     let mut w = world(vec![shm(2_000)], vec![], pods);
     for p in &mut w.pods {
-        *p = scheduled(
-            p.clone(),
-            &"n".repeat(253),
-            "fd00:1234:5678:9abc:def0:1234:5678:9abc",
-        );
+        edit(p, |p| {
+            scheduled(
+                p,
+                &"n".repeat(253),
+                "fd00:1234:5678:9abc:def0:1234:5678:9abc",
+            )
+        });
     }
     let p = step(&mut w);
     assert!(

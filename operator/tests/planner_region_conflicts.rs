@@ -177,14 +177,11 @@ fn a_running_pod_that_stops_matching_the_selector_keeps_its_window() {
     step(&mut w);
     let window = region_of(&w, "ns", "a").expect("a has a window");
     assert!(!gated(&w, "ns", "a"));
-    let a = w
-        .pods
-        .iter_mut()
-        .find(|p| p.metadata.name.as_deref() == Some("a"))
-        .unwrap();
-    a.metadata.labels = None;
-    *a = scheduled(a.clone(), "n0", "10.0.0.1");
-    w.pods.push(pod("ns", "b", 10, &[MEMBER], true));
+    let a = w.pods.iter_mut().find(|p| p.name == "a").unwrap();
+    a.labels = Default::default();
+    edit(a, |a| scheduled(a, "n0", "10.0.0.1"));
+    w.pods
+        .push(CompactPod::from(pod("ns", "b", 10, &[MEMBER], true)));
     for _ in 0..3 {
         step(&mut w);
         w.now += Duration::from_secs(31);
@@ -212,27 +209,22 @@ fn a_copied_annotation_is_never_honoured() {
     );
     w.now += Duration::from_secs(1);
     step(&mut w);
-    let original = pod_of(&w, "ns", "orig")
-        .metadata
-        .annotations
-        .clone()
-        .unwrap()[rocefabric_api::constants::REGION_ANNOTATION]
-        .clone();
+    let original = pod_of(&w, "ns", "orig").region.clone().unwrap();
     assert!(original.contains("\"uid\":\"uid-ns-orig\""), "{original}");
     let window = region_of(&w, "ns", "orig").unwrap();
 
-    w.pods.push(with_annotation(
+    w.pods.push(CompactPod::from(with_annotation(
         pod("ns", "copy-gated", 5, &[MEMBER], true),
         &original,
-    ));
-    w.pods.push(with_annotation(
+    )));
+    w.pods.push(CompactPod::from(with_annotation(
         scheduled(
             pod("ns", "copy-running", 6, &[MEMBER], false),
             "n0",
             "10.0.0.9",
         ),
         &original,
-    ));
+    )));
     step(&mut w);
     assert_eq!(
         region_of(&w, "ns", "orig").unwrap(),

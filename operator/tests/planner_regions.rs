@@ -203,7 +203,7 @@ fn a_full_space_keeps_pods_gated_until_a_freed_window_has_cooled_down() {
     );
 
     // p0 is deleted: its window (id 0) cools down for the grace period.
-    w.pods.retain(|p| p.metadata.name.as_deref() != Some("p0"));
+    w.pods.retain(|p| p.name != "p0");
     let p = step(&mut w);
     assert!(gated(&w, "ns", "p2"), "the freed id is not reused at once");
     assert_eq!(p.requeue_after, Some(Duration::from_secs(30)));
@@ -243,8 +243,9 @@ fn a_freed_id_is_skipped_while_other_ids_are_free() {
     );
     step(&mut w);
     assert_eq!(region_of(&w, "ns", "old").unwrap().id, 0);
-    w.pods[0].status.get_or_insert_with(Default::default).phase = Some("Succeeded".into());
-    w.pods.push(pod("ns", "new", 5, &[MEMBER], true));
+    w.pods[0].phase = Some("Succeeded".into());
+    w.pods
+        .push(CompactPod::from(pod("ns", "new", 5, &[MEMBER], true)));
     step(&mut w);
     assert_eq!(
         region_of(&w, "ns", "new").unwrap().id,
@@ -263,9 +264,9 @@ fn a_pod_being_deleted_keeps_its_window_until_it_has_terminated() {
     step(&mut w);
     assert_eq!(region_of(&w, "ns", "old").unwrap().id, 0);
     // Deleted, but still running out its termination grace period: the window stays taken.
-    w.pods[0].metadata.deletion_timestamp =
-        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(w.now));
-    w.pods.push(pod("ns", "new", 5, &[MEMBER], true));
+    w.pods[0].deleting = true;
+    w.pods
+        .push(CompactPod::from(pod("ns", "new", 5, &[MEMBER], true)));
     step(&mut w);
     assert!(
         region_of(&w, "ns", "new").is_none(),
@@ -294,8 +295,9 @@ fn after_a_restart_the_map_is_rebuilt_from_annotations_and_directories() {
     step(&mut w);
     // The operator restarts (no memory) and p1 was deleted while it was down.
     w.freed = Default::default();
-    w.pods.retain(|p| p.metadata.name.as_deref() != Some("p1"));
-    w.pods.push(pod("ns", "p4", 10, &[MEMBER], true));
+    w.pods.retain(|p| p.name != "p1");
+    w.pods
+        .push(CompactPod::from(pod("ns", "p4", 10, &[MEMBER], true)));
     let p = step(&mut w);
     let ids: Vec<u32> = ["p0", "p2", "p3"]
         .iter()
@@ -341,7 +343,7 @@ fn pod_selectors_and_fabric_age_decide_which_fabric_serves_a_pod() {
         pod("d", "done", 0, &[("app", "mpi")], false),
     ];
     let mut w = world(vec![younger, by_label, explicit], vec![], pods);
-    w.pods[3].status.as_mut().unwrap().phase = Some("Failed".into());
+    w.pods[3].phase = Some("Failed".into());
     step(&mut w);
     assert_eq!(
         region_of(&w, "a", "mpi").unwrap().fabric,
@@ -412,7 +414,8 @@ fn after_a_takeover_new_windows_wait_one_grace_period() {
     assert_eq!(region_of(&w, "ns", "new").unwrap().id, 0);
     // Later pods do not wait: the hold follows the takeover only.
     w.now += Duration::from_secs(600);
-    w.pods.push(pod("ns", "later", 700, &[MEMBER], true));
+    w.pods
+        .push(CompactPod::from(pod("ns", "later", 700, &[MEMBER], true)));
     pass(&mut w);
     assert!(!gated(&w, "ns", "later"));
 }
@@ -469,7 +472,7 @@ fn requests_are_capped_per_pod_and_per_namespace() {
     // The namespace's pod goes: its quota is free at once (its slots still cool down, so the
     // next pod gets other ones).
     let freed = region_of(&w, "ns", "two").unwrap();
-    w.pods.retain(|p| p.metadata.name.as_deref() != Some("two"));
+    w.pods.retain(|p| p.name != "two");
     step(&mut w);
     assert!(!gated(&w, "ns", "third"));
     let third = region_of(&w, "ns", "third").unwrap();

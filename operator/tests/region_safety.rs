@@ -14,9 +14,8 @@ mod support;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
 use proptest::prelude::*;
-use rocefabric_api::constants::{REGION_ANNOTATION, REGION_SCHEDULING_GATE};
+use rocefabric_api::constants::REGION_SCHEDULING_GATE;
 use rocefabric_formats::region::RegionAssignment;
 use rocefabric_operator::planner::{PlanOptions, World, Write, plan};
 use rocefabric_operator::regions::FreedRegions;
@@ -73,9 +72,9 @@ fn op() -> impl Strategy<Value = Op> {
 struct Sim {
     truth: World,
     /// Snapshots of the pods after each step, newest last (the stale caches a new leader sees).
-    history: Vec<Vec<Pod>>,
+    history: Vec<Vec<CompactPod>>,
     /// The view of the next pass when a new leader starts from a stale cache.
-    stale_view: Option<Vec<Pod>>,
+    stale_view: Option<Vec<CompactPod>>,
     next_pod: u32,
     /// uid -> the annotation it had when first seen started.
     started: HashMap<String, String>,
@@ -86,34 +85,27 @@ struct Sim {
     options: PlanOptions,
 }
 
-fn rv(p: &Pod) -> u64 {
-    p.metadata
-        .resource_version
+fn rv(p: &CompactPod) -> u64 {
+    p.resource_version
         .as_deref()
         .and_then(|v| v.parse().ok())
         .unwrap_or(0)
 }
 
-fn bump(p: &mut Pod) {
-    p.metadata.resource_version = Some((rv(p) + 1).to_string());
+fn bump(p: &mut CompactPod) {
+    p.resource_version = Some((rv(p) + 1).to_string());
 }
 
-fn is_gated(p: &Pod) -> bool {
-    p.spec
-        .as_ref()
-        .and_then(|s| s.scheduling_gates.as_ref())
-        .is_some_and(|g| g.iter().any(|g| g.name == REGION_SCHEDULING_GATE))
+fn is_gated(p: &CompactPod) -> bool {
+    p.gates.iter().any(|g| g == REGION_SCHEDULING_GATE)
 }
 
-fn annotation(p: &Pod) -> Option<&String> {
-    p.metadata.annotations.as_ref()?.get(REGION_ANNOTATION)
+fn annotation(p: &CompactPod) -> Option<&String> {
+    p.region.as_ref()
 }
 
-fn finished(p: &Pod) -> bool {
-    matches!(
-        p.status.as_ref().and_then(|s| s.phase.as_deref()),
-        Some("Succeeded" | "Failed")
-    )
+fn finished(p: &CompactPod) -> bool {
+    matches!(p.phase.as_deref(), Some("Succeeded" | "Failed"))
 }
 
 impl Sim {
@@ -136,7 +128,7 @@ impl Sim {
         }
     }
 
-    fn pod_mut(&mut self, i: usize) -> Option<&mut Pod> {
+    fn pod_mut(&mut self, i: usize) -> Option<&mut CompactPod> {
         let n = self.truth.pods.len();
         (n > 0).then(|| &mut self.truth.pods[i % n])
     }
@@ -158,6 +150,7 @@ impl Sim {
                 if size > 1 {
                     p = with_size_request(p, &format!("{size}Gi"));
                 }
+                let mut p = CompactPod::from(p);
                 bump(&mut p);
                 self.truth.pods.push(p);
             }
@@ -175,7 +168,7 @@ impl Sim {
                 if let Some(p) = self.pod_mut(i)
                     && !finished(p)
                 {
-                    p.status.get_or_insert_default().phase = Some("Succeeded".into());
+                    p.phase = Some("Succeeded".into());
                     bump(p);
                     let p = p.clone();
                     self.went(&p);
@@ -183,13 +176,16 @@ impl Sim {
             }
             Op::Relabel(i) => {
                 if let Some(p) = self.pod_mut(i) {
-                    let labels = p.metadata.labels.get_or_insert_default();
-                    if labels.remove(MEMBER.0).is_none() {
-                        labels.insert(MEMBER.0.into(), MEMBER.1.into());
-                    }
-                    if labels.remove(APP.0).is_none() {
-                        labels.insert(APP.0.into(), APP.1.into());
-                    }
+                    edit(p, |mut p| {
+                        let labels = p.metadata.labels.get_or_insert_default();
+                        if labels.remove(MEMBER.0).is_none() {
+                            labels.insert(MEMBER.0.into(), MEMBER.1.into());
+                        }
+                        if labels.remove(APP.0).is_none() {
+                            labels.insert(APP.0.into(), APP.1.into());
+                        }
+                        p
+                    });
                     bump(p);
                 }
             }
@@ -198,7 +194,7 @@ impl Sim {
                     && !is_gated(p)
                     && !finished(p)
                 {
-                    *p = scheduled(p.clone(), "n0", "10.0.0.1");
+                    edit(p, |p| scheduled(p, "n0", "10.0.0.1"));
                     bump(p);
                 }
             }
@@ -225,7 +221,7 @@ impl Sim {
     }
 
     /// A pod left (deleted or finished): its window, if any, starts its grace period.
-    fn went(&mut self, p: &Pod) {
+    fn went(&mut self, p: &CompactPod) {
         if let Some(a) = annotation(p).and_then(|a| RegionAssignment::parse(a).ok()) {
             self.freed.push((a, self.truth.now));
         }
@@ -250,25 +246,22 @@ impl Sim {
                     uid,
                     resource_version,
                 } => {
-                    let target = self.truth.pods.iter_mut().find(|p| {
-                        p.metadata.namespace.as_deref() == Some(namespace)
-                            && p.metadata.name.as_deref() == Some(pod)
-                    });
+                    let target = self
+                        .truth
+                        .pods
+                        .iter_mut()
+                        .find(|p| p.key() == (namespace, pod));
                     // The API server's preconditions: same uid, unchanged since read.
                     let ok = !dropped
                         && target.as_ref().is_some_and(|t| {
-                            uid.as_ref()
-                                .is_none_or(|u| t.metadata.uid.as_ref() == Some(u))
+                            uid.as_ref().is_none_or(|u| t.uid.as_ref() == Some(u))
                                 && resource_version
                                     .as_ref()
-                                    .is_none_or(|r| t.metadata.resource_version.as_ref() == Some(r))
+                                    .is_none_or(|r| t.resource_version.as_ref() == Some(r))
                         });
                     match target {
                         Some(t) if ok => {
-                            t.metadata
-                                .annotations
-                                .get_or_insert_default()
-                                .insert(REGION_ANNOTATION.into(), value.clone());
+                            t.region = Some(value.clone());
                             bump(t);
                         }
                         _ => failed_annotations.push((namespace.clone(), pod.clone())),
@@ -279,12 +272,14 @@ impl Sim {
                         continue;
                     }
                     // The shell reads the pod and keeps the gate unless it carries its annotation.
-                    if let Some(t) = self.truth.pods.iter_mut().find(|p| {
-                        p.metadata.namespace.as_deref() == Some(namespace)
-                            && p.metadata.name.as_deref() == Some(pod)
-                    }) && annotation(t).is_some()
+                    if let Some(t) = self
+                        .truth
+                        .pods
+                        .iter_mut()
+                        .find(|p| p.key() == (namespace, pod))
+                        && annotation(t).is_some()
                     {
-                        remove_region_gate(t);
+                        t.gates.retain(|g| g != REGION_SCHEDULING_GATE);
                         bump(t);
                     }
                 }
@@ -305,7 +300,7 @@ impl Sim {
             .filter(|p| !finished(p))
             .filter_map(|p| {
                 let a = RegionAssignment::parse(annotation(p)?).ok()?;
-                Some((p.metadata.name.as_deref().unwrap_or_default(), a))
+                Some((p.name.as_str(), a))
             })
             .collect();
         for (i, (a, wa)) in live.iter().enumerate() {
@@ -325,7 +320,7 @@ impl Sim {
             let Ok(a) = RegionAssignment::parse(text) else {
                 continue;
             };
-            let uid = p.metadata.uid.clone().unwrap_or_default();
+            let uid = p.uid.clone().unwrap_or_default();
             let (a, since) = self
                 .assigned
                 .entry((uid, text.clone()))
@@ -336,7 +331,7 @@ impl Sim {
                 assert!(
                     !overlap || since >= *at + grace,
                     "step {step}: {:?} got {a:?} at {since}, within the grace period of {f:?} freed at {at}\nops: {:#?}",
-                    p.metadata.name,
+                    p.name,
                     &ops[..=step]
                 );
             }
@@ -345,8 +340,8 @@ impl Sim {
             if is_gated(p) {
                 continue;
             }
-            let uid = p.metadata.uid.clone().unwrap_or_default();
-            let name = p.metadata.name.as_deref().unwrap_or_default();
+            let uid = p.uid.clone().unwrap_or_default();
+            let name = p.name.as_str();
             let now = annotation(p)
                 .cloned()
                 .unwrap_or_else(|| panic!("step {step}: {name} ungated without a window"));

@@ -211,7 +211,7 @@ async fn steady_state_sends_no_request() {
 async fn node_leaving_the_selection_loses_its_roce_node() {
     let (client, mut api) = mock_client();
     let mut w = converged(first_world());
-    w.nodes[1].metadata.labels = None; // n2 no longer has rdma=true
+    w.nodes[1].labels = Default::default(); // n2 no longer has rdma=true
     let task = pass(client, w);
     api.expect(Method::DELETE, &format!("{ROCENODES}/n2"), &[])
         .await

@@ -16,8 +16,10 @@ pub fn world(
 ) -> World {
     World {
         fabrics: vec![fabric(region_size, max_regions)],
-        nodes: (0..nodes).map(node).collect(),
-        pods: (0..pods).map(|i| pod(i, namespaces, nodes)).collect(),
+        nodes: (0..nodes).map(|i| node(i).into()).collect(),
+        pods: (0..pods)
+            .map(|i| pod(i, namespaces, nodes).into())
+            .collect(),
         ..World::empty(t0() + Duration::from_secs(86_400 * 30))
     }
 }

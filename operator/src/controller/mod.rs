@@ -2,8 +2,8 @@
 //!
 //! Every replica watches RoceFabrics, Nodes (metadata only), RoceNodes, Pods and the region
 //! directory ConfigMaps (label `rocefabric.io/fabric`) and feeds each event to the incremental
-//! planner ([`crate::feed`]), whose object maps are the only cache: pods are trimmed to what the
-//! planner reads, and pods it can never act on are not kept. A replica reports ready once every
+//! planner ([`crate::feed`]), whose object maps are the only cache: pods are decoded straight into
+//! what the planner reads ([`crate::objects`]), and pods it can never act on are not kept. A replica reports ready once every
 //! watch has listed. Only the leader plans and writes: on any change (debounced), on the plan's
 //! `requeue_after`, on a periodic resync, and when it becomes leader (a full pass, its memory
 //! forgotten), it reads the plan off the planner and executes the writes in order

@@ -3,7 +3,7 @@
 //! wrapped for [`crate::feed::Feed::seen`].
 
 use futures::{Stream, StreamExt, stream};
-use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Client;
 use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
@@ -11,6 +11,7 @@ use rocefabric_api::constants::FABRIC_LABEL;
 use rocefabric_api::{RoceFabric, RoceNode};
 
 use crate::feed::Seen;
+use crate::objects::{CompactNode, CompactPod, Wire};
 
 fn seen<K>(
     events: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
@@ -38,16 +39,12 @@ pub fn watches(client: &Client) -> Events {
         all().labels(FABRIC_LABEL),
     )
     .default_backoff();
-    // Nodes as metadata only: the planner selects by labels, and full Nodes (images,
-    // conditions) would dominate the operator's memory.
-    let nodes = watcher(
-        Api::<kube::api::PartialObjectMeta<Node>>::all(client.clone()),
-        all(),
-    )
-    .default_backoff();
+    // Nodes as metadata only (the API server sends PartialObjectMetadata), decoded straight
+    // into their name and labels: the planner selects by labels.
+    let nodes = watcher(Api::<Wire<CompactNode>>::all(client.clone()), all()).default_backoff();
     stream::select_all([
         seen(fabrics, "rocefabrics", Seen::Fabric),
-        seen(nodes, "nodes", Seen::Node),
+        seen(nodes, "nodes", |e| Seen::Node(unwire(e))),
         seen(roce_nodes, "rocenodes", Seen::RoceNode),
         seen(config_maps, "configmaps", Seen::ConfigMap),
     ])
@@ -62,6 +59,19 @@ pub fn pod_watch(client: &Client, selector: Option<&str>) -> Events {
         Some(selector) => watcher::Config::default().labels(selector),
         None => watcher::Config::default(),
     };
-    let pods = watcher(Api::<Pod>::all(client.clone()), config).default_backoff();
-    seen(pods, "pods", Seen::Pod)
+    // Decoded straight into the planner's compact pods: a full Pod is never built.
+    let pods = watcher(Api::<Wire<CompactPod>>::all(client.clone()), config).default_backoff();
+    seen(pods, "pods", |e| Seen::Pod(unwire(e)))
+}
+
+/// The compact objects of a watch's event.
+fn unwire<T>(event: watcher::Event<Wire<T>>) -> watcher::Event<T> {
+    use watcher::Event;
+    match event {
+        Event::Apply(w) => Event::Apply(w.object),
+        Event::Delete(w) => Event::Delete(w.object),
+        Event::Init => Event::Init,
+        Event::InitApply(w) => Event::InitApply(w.object),
+        Event::InitDone => Event::InitDone,
+    }
 }

@@ -301,7 +301,7 @@ impl<'w> Pass<'w> {
         }
         // Gated pods no fabric selects are told so, once each.
         for p in &self.unmatched {
-            let uid = p.pod.metadata.uid.clone().unwrap_or_else(|| p.key());
+            let uid = p.pod.uid.clone().unwrap_or_else(|| p.key());
             if !self.world.freed.unmatched.contains(&uid) {
                 g.pod_events.push(pods::unmatched_event(p));
             }

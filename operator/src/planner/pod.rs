@@ -4,13 +4,12 @@
 
 use std::borrow::Cow;
 
-use k8s_openapi::api::core::v1::{ObjectReference, Pod, PodSchedulingGate};
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::jiff::Timestamp;
-use rocefabric_api::constants::{
-    REGION_ANNOTATION, REGION_SCHEDULING_GATE, REGION_SIZE_ANNOTATION,
-};
+use rocefabric_api::constants::REGION_SCHEDULING_GATE;
 use serde::Deserialize;
 
+use crate::objects::CompactPod;
 use crate::regions::{self, Geometry, Slots};
 
 /// A pod's `rocefabric.io/region` annotation, borrowed from the pod (the fields of
@@ -41,7 +40,7 @@ impl<'a> Recorded<'a> {
 
 /// A live pod routed to a fabric.
 pub(crate) struct PodRef<'w> {
-    pub pod: &'w Pod,
+    pub pod: &'w CompactPod,
     pub namespace: &'w str,
     pub name: &'w str,
     pub created: Option<Timestamp>,
@@ -50,33 +49,22 @@ pub(crate) struct PodRef<'w> {
 }
 
 impl<'w> PodRef<'w> {
-    pub fn new(pod: &'w Pod) -> Self {
-        let meta = &pod.metadata;
+    pub fn new(pod: &'w CompactPod) -> Self {
         Self {
             pod,
-            namespace: meta.namespace.as_deref().unwrap_or_default(),
-            name: meta.name.as_deref().unwrap_or_default(),
-            created: meta.creation_timestamp.as_ref().map(|t| t.0),
-            annotation: meta
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(REGION_ANNOTATION))
-                .map(|v| Recorded::parse(v)),
+            namespace: &pod.namespace,
+            name: &pod.name,
+            created: pod.created,
+            annotation: pod.region.as_deref().map(Recorded::parse),
         }
     }
 
-    pub(crate) fn gates(&self) -> &'w [PodSchedulingGate] {
-        self.pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.scheduling_gates.as_deref())
-            .unwrap_or_default()
+    pub(crate) fn gates(&self) -> &'w [String] {
+        &self.pod.gates
     }
 
     pub(crate) fn gated(&self) -> bool {
-        self.gates()
-            .iter()
-            .any(|g| g.name == REGION_SCHEDULING_GATE)
+        self.gates().iter().any(|g| g == REGION_SCHEDULING_GATE)
     }
 
     /// The pod as the object an Event is about.
@@ -86,7 +74,7 @@ impl<'w> PodRef<'w> {
             kind: Some("Pod".into()),
             name: Some(self.name.to_string()),
             namespace: Some(self.namespace.to_string()),
-            uid: self.pod.metadata.uid.clone(),
+            uid: self.pod.uid.clone(),
             ..ObjectReference::default()
         }
     }
@@ -98,29 +86,16 @@ impl<'w> PodRef<'w> {
     /// Past its gate or bound to a node: its containers may have read the window, so a window it
     /// records is never changed while it exists.
     pub(crate) fn started(&self) -> bool {
-        !self.gated()
-            || self
-                .pod
-                .spec
-                .as_ref()
-                .is_some_and(|s| s.node_name.is_some())
+        !self.gated() || self.pod.node_name.is_some()
     }
 }
 
 /// Whether a pod holds (or may get) a region: not finished. A pod being deleted still runs
 /// until its termination grace period ends (a training job may checkpoint into its window on
 /// SIGTERM), so it keeps a region it holds until it has terminated or is gone; it gets no new one.
-pub(crate) fn is_live(pod: &Pod) -> bool {
-    let terminated = matches!(
-        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
-        Some("Succeeded" | "Failed")
-    );
-    let holds_region = pod
-        .metadata
-        .annotations
-        .as_ref()
-        .is_some_and(|a| a.contains_key(REGION_ANNOTATION));
-    !terminated && (pod.metadata.deletion_timestamp.is_none() || holds_region)
+pub(crate) fn is_live(pod: &CompactPod) -> bool {
+    let terminated = matches!(pod.phase.as_deref(), Some("Succeeded" | "Failed"));
+    !terminated && (!pod.deleting || pod.region.is_some())
 }
 
 /// What a pod's annotation claims in a fabric.
@@ -138,7 +113,7 @@ pub(crate) fn claim_of(p: &PodRef<'_>, fabric: &str, geometry: Geometry) -> Clai
         Some(Ok(a))
             if a.uid
                 .as_deref()
-                .is_some_and(|u| Some(u) != p.pod.metadata.uid.as_deref()) =>
+                .is_some_and(|u| Some(u) != p.pod.uid.as_deref()) =>
         {
             Claim::Bad(format!(
                 "it was written for another pod (uid {}): a copied annotation is never honoured",
@@ -161,13 +136,7 @@ pub(crate) fn request_len(
     geometry: Geometry,
     per_pod: Option<u32>,
 ) -> Result<u32, regions::RegionError> {
-    let size_request = p
-        .pod
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(REGION_SIZE_ANNOTATION))
-        .map(String::as_str);
+    let size_request = p.pod.region_size.as_deref();
     geometry
         .slots_for_annotation(size_request)
         .and_then(|len| match per_pod {

@@ -495,7 +495,7 @@ impl<'a, 'w> RegionPlan<'a, 'w> {
                 id: assignment.id,
                 base: assignment.base,
                 size: assignment.size,
-                node: p.pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+                node: p.pod.node_name.clone(),
                 change,
             });
         }
@@ -554,9 +554,9 @@ pub(crate) fn pod_writes(
         writes.push(Write::AnnotatePodRegion {
             namespace: p.namespace.to_string(),
             pod: p.name.to_string(),
-            value: assignment.to_annotation_of(p.pod.metadata.uid.as_deref()),
-            uid: p.pod.metadata.uid.clone(),
-            resource_version: p.pod.metadata.resource_version.clone(),
+            value: assignment.to_annotation_of(p.pod.uid.as_deref()),
+            uid: p.pod.uid.clone(),
+            resource_version: p.pod.resource_version.clone(),
         });
     }
     if p.gated() {
@@ -566,8 +566,8 @@ pub(crate) fn pod_writes(
             remaining_gates: p
                 .gates()
                 .iter()
-                .filter(|g| g.name != REGION_SCHEDULING_GATE)
-                .map(|g| g.name.clone())
+                .filter(|g| *g != REGION_SCHEDULING_GATE)
+                .cloned()
                 .collect(),
         });
     }
@@ -578,12 +578,12 @@ pub(crate) fn pod_writes(
 pub(crate) fn entry_ref<'w>(p: &PodRef<'w>, assignment: &RegionAssignment) -> EntryRef<'w> {
     EntryRef {
         pod: p.name,
-        node: p.pod.spec.as_ref().and_then(|s| s.node_name.as_deref()),
-        pod_ip: p.pod.status.as_ref().and_then(|s| s.pod_ip.as_deref()),
+        node: p.pod.node_name.as_deref(),
+        pod_ip: p.pod.pod_ip.as_deref(),
         id: assignment.id,
         base: assignment.base,
         size: assignment.size,
-        uid: p.pod.metadata.uid.as_deref(),
+        uid: p.pod.uid.as_deref(),
     }
 }
 

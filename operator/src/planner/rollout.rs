@@ -10,7 +10,6 @@
 
 use std::collections::HashMap;
 
-use k8s_openapi::api::core::v1::Node;
 use rocefabric_api::conditions;
 use rocefabric_api::constants::{FABRIC_LABEL, condition};
 use rocefabric_api::{RoceNode, RoceNodeSpec};
@@ -18,6 +17,7 @@ use rocefabric_api::{RoceNode, RoceNodeSpec};
 use super::report::{NodeAction, NodeState};
 use super::selection::ParsedFabric;
 use super::writes::Write;
+use crate::objects::CompactNode;
 
 /// Where a fabric's rollout stands: the numbers its status and report are made of.
 #[derive(Clone, Default)]
@@ -147,7 +147,7 @@ pub(crate) fn placeholder(desired: &RoceNodeSpec) -> RoceNodeSpec {
 pub(crate) fn plan_rollout(
     fabric: &ParsedFabric<'_>,
     owned: &[usize],
-    nodes: &[Node],
+    nodes: &[CompactNode],
     roce_nodes: &HashMap<&str, &RoceNode>,
 ) -> Rollout {
     let desired = desired_spec(fabric);
@@ -303,8 +303,8 @@ impl Pacer<'_, '_> {
     }
 }
 
-pub(crate) fn node_name(node: &Node) -> &str {
-    node.metadata.name.as_deref().unwrap_or_default()
+pub(crate) fn node_name(node: &CompactNode) -> &str {
+    &node.name
 }
 
 /// A count for status fields (which are `u32`); saturates, as no cluster gets near it.

@@ -3,15 +3,15 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::jiff::Timestamp;
-use kube::core::{Selector, SelectorExt};
+use kube::core::Selector;
 use rocefabric_api::RoceFabric;
 use rocefabric_api::constants::FABRIC_LABEL;
 use rocefabric_api::validate::{self, FieldError};
 
 use super::pod::PodRef;
+use crate::objects::{CompactNode, CompactPod, Matcher};
 use crate::regions::Geometry;
 
 /// A RoceFabric parsed for planning: identity, age, validity and its selectors parsed.
@@ -25,7 +25,7 @@ pub(crate) struct ParsedFabric<'w> {
     /// Empty when the spec is valid.
     pub errors: Vec<FieldError>,
     /// `None` when `spec.nodeSelector` cannot be parsed (the fabric then selects no node).
-    pub node_selector: Option<Selector>,
+    pub node_selector: Option<Matcher>,
     /// `None` without `sharedMemory` or when its selector or geometry is invalid.
     pub pods: Option<PodSelection>,
 }
@@ -44,7 +44,7 @@ pub(crate) struct PodSelection {
 pub(crate) enum PodSelector {
     /// An empty `podSelector`: pods labelled `rocefabric.io/fabric: <fabric>`.
     FabricLabel,
-    Labels(Selector),
+    Labels(Matcher),
 }
 
 impl<'w> ParsedFabric<'w> {
@@ -117,11 +117,10 @@ impl<'w> ParsedFabric<'w> {
 
 impl PodSelector {
     /// Whether the pod selector of fabric `fabric` picks `pod`.
-    pub fn selects(&self, fabric: &str, pod: &Pod) -> bool {
-        let labels = labels_of(pod.metadata.labels.as_ref());
+    pub fn selects(&self, fabric: &str, pod: &CompactPod) -> bool {
         match self {
-            PodSelector::FabricLabel => labels.get(FABRIC_LABEL).is_some_and(|f| f == fabric),
-            PodSelector::Labels(s) => s.matches(labels),
+            PodSelector::FabricLabel => pod.labels.get(FABRIC_LABEL) == Some(fabric),
+            PodSelector::Labels(s) => s.matches(&pod.labels),
         }
     }
 }
@@ -221,14 +220,10 @@ pub(crate) fn is_empty_selector(sel: &LabelSelector) -> bool {
 }
 
 /// Parse a label selector (operators `In`, `NotIn`, `Exists`, `DoesNotExist`).
-pub(crate) fn parse_selector(sel: &LabelSelector) -> Result<Selector, String> {
-    Selector::try_from(sel.clone()).map_err(|e| e.0)
-}
-
-static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
-
-pub(crate) fn labels_of(labels: Option<&BTreeMap<String, String>>) -> &BTreeMap<String, String> {
-    labels.unwrap_or(&NO_LABELS)
+pub(crate) fn parse_selector(sel: &LabelSelector) -> Result<Matcher, String> {
+    Selector::try_from(sel.clone())
+        .map(Matcher::from)
+        .map_err(|e| e.0)
 }
 
 /// Fabric indices in age order: creation time (unknown last), then name.
@@ -262,7 +257,7 @@ pub(crate) struct Ownership {
 pub(crate) fn assign_nodes(
     fabrics: &[ParsedFabric<'_>],
     age: &[usize],
-    nodes: &[Node],
+    nodes: &[CompactNode],
     nodes_by_name: &[usize],
 ) -> Ownership {
     let mut own = Ownership {
@@ -271,14 +266,13 @@ pub(crate) fn assign_nodes(
         conflicting: vec![Vec::new(); fabrics.len()],
         losers: HashMap::new(),
     };
-    let selectors: Vec<(usize, &Selector)> = age
+    let selectors: Vec<(usize, &Matcher)> = age
         .iter()
         .filter_map(|&f| fabrics[f].node_selector.as_ref().map(|s| (f, s)))
         .collect();
     for &n in nodes_by_name {
-        let labels = labels_of(nodes[n].metadata.labels.as_ref());
         for &(f, sel) in &selectors {
-            if !sel.matches(labels) {
+            if !sel.matches(&nodes[n].labels) {
                 continue;
             }
             match own.owner[n] {

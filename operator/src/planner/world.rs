@@ -2,10 +2,11 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::jiff::Timestamp;
 use rocefabric_api::{RoceFabric, RoceNode};
 
+use crate::objects::{CompactNode, CompactPod};
 use crate::regions::FreedRegions;
 
 /// Everything the planner looks at. The shell fills it from its watch caches; the `plan`
@@ -13,9 +14,9 @@ use crate::regions::FreedRegions;
 #[derive(Clone, Debug)]
 pub struct World {
     pub fabrics: Vec<RoceFabric>,
-    pub nodes: Vec<Node>,
+    pub nodes: Vec<CompactNode>,
     pub roce_nodes: Vec<RoceNode>,
-    pub pods: Vec<Pod>,
+    pub pods: Vec<CompactPod>,
     /// The region directories (`<fabric>-regions`, labelled `rocefabric.io/fabric`); other
     /// ConfigMaps are ignored.
     pub config_maps: Vec<ConfigMap>,

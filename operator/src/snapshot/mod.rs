@@ -2,26 +2,29 @@
 //! (`kind: List` or any `*List` with `items`), multi-document YAML, or a single object.
 //!
 //! Outside data, so read defensively:
-//! - JSON is streamed: one item is parsed at a time and cut to what the planner reads
-//!   ([`crate::trim`]) before the next, so a `kubectl get pods -A -o json` of a large cluster
-//!   needs memory for the kept fields only. Up to [`MAX_JSON_BYTES`].
+//! - JSON is streamed: one item is parsed at a time, and of a pod or node list's items only the
+//!   fields the planner reads are built (`prune`), then decoded into the planner's compact
+//!   objects ([`crate::objects`]), so a `kubectl get pods -A -o json` of a large cluster needs
+//!   memory for the kept fields only. Up to [`MAX_JSON_BYTES`].
 //! - YAML is parsed a document at a time (the parser holds one document), strictly (duplicate
 //!   keys, nesting depth: [`rocefabric_input::yaml`]). Up to [`MAX_YAML_BYTES`].
 //! - Objects are keyed by kind, namespace and name: one given twice is counted once and noted,
 //!   or refused when the two copies differ.
 //! - Names are checked as the API server checks them; type errors name the field path.
 //!
-//! One file per step: `stream` parses (a JSON stream, or YAML documents) and hands each object
-//! to `object`, which identifies it, tells a second copy apart and keeps it.
+//! One file per step: `stream` parses (a JSON stream, or YAML documents; `prune` says what of
+//! an item is built) and hands each object to `object`, which identifies it, tells a second
+//! copy apart and keeps it.
 
 mod object;
+mod prune;
 mod stream;
 
 use std::collections::HashMap;
 use std::io::{BufRead, Read};
 use std::path::{Path, PathBuf};
 
-use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use k8s_openapi::api::core::v1::ConfigMap;
 use rocefabric_api::validate::FieldError;
 use rocefabric_api::{RoceFabric, RoceNode};
 use rocefabric_input::read::{self, ReadError, human};
@@ -118,9 +121,9 @@ pub struct Snapshot {
     pub fabrics: Vec<RoceFabric>,
     /// Fabrics too malformed to read as a RoceFabric at all.
     pub unreadable_fabrics: Vec<InvalidFabric>,
-    pub nodes: Vec<Node>,
+    pub nodes: Vec<crate::objects::CompactNode>,
     pub roce_nodes: Vec<RoceNode>,
-    pub pods: Vec<Pod>,
+    pub pods: Vec<crate::objects::CompactPod>,
     pub config_maps: Vec<ConfigMap>,
     /// Things worth saying that are not errors: objects given twice (the first
     /// [`MAX_NOTES`], then a count).
@@ -329,10 +332,17 @@ impl Snapshot {
         let mut failure = None;
         let meter = Meter::default();
         meter.start_object();
-        let mut de = serde_json::Deserializer::from_reader(Metered {
+        // Buffered above the meter: serde_json reads a byte at a time, and a byte through the
+        // meter each would cost more than the parse (the meter then runs up to one buffer
+        // ahead of the parser, well inside the margin between 8 MiB and the API's 3 MiB).
+        let metered = Metered {
             inner: reader,
             meter: &meter,
-        });
+        };
+        let mut de = serde_json::Deserializer::from_reader(std::io::BufReader::with_capacity(
+            64 * 1024,
+            metered,
+        ));
         let seed = Top {
             snapshot: self,
             path,
@@ -380,7 +390,7 @@ mod tests {
             .expect("loads");
         assert_eq!(token.as_deref(), Some("tok"));
         assert_eq!(snap.nodes.len(), 2);
-        assert!(snap.nodes[0].metadata.managed_fields.is_none(), "trimmed");
+        assert_eq!(snap.nodes[0].labels.len(), 0);
         let last = serde_json::json!({"kind": "NodeList", "metadata": {"continue": ""},
             "items": [{"metadata": {"name": "n3"}}]});
         let token = snap
@@ -419,21 +429,10 @@ mod tests {
         let mut snap = Snapshot::default();
         snap.load_file(&path, &[Kind::Pod]).expect("loads");
         let p = &snap.pods[0];
-        assert!(p.metadata.managed_fields.is_none());
-        let annotations = p.metadata.annotations.as_ref().expect("ours kept");
-        assert_eq!(
-            annotations.keys().collect::<Vec<_>>(),
-            ["rocefabric.io/region-size"]
-        );
-        let spec = p.spec.as_ref().expect("spec");
-        assert!(spec.containers.is_empty());
-        assert_eq!(spec.node_name.as_deref(), Some("n1"));
-        assert!(
-            p.status
-                .as_ref()
-                .expect("status")
-                .container_statuses
-                .is_none()
-        );
+        assert_eq!(p.key(), ("default", "a"));
+        assert_eq!(p.region_size.as_deref(), Some("2Gi"));
+        assert_eq!(p.region, None);
+        assert_eq!(p.node_name.as_deref(), Some("n1"));
+        assert_eq!(p.phase.as_deref(), Some("Running"));
     }
 }

@@ -4,13 +4,14 @@
 
 use std::path::Path;
 
-use k8s_openapi::api::core::v1::{Node, Pod};
 use rocefabric_api::RoceFabric;
 use rocefabric_api::structural::{dns_label, dns_subdomain};
 use rocefabric_api::validate::{self, FieldError};
 use rocefabric_input::shown;
 use rocefabric_input::yaml;
 use serde_json::Value;
+
+use crate::objects::{CompactNode, CompactPod};
 
 use super::{InvalidFabric, Kind, MAX_NOTES, Snapshot, SnapshotError};
 
@@ -158,13 +159,11 @@ impl Snapshot {
         match k {
             Kind::RoceFabric => self.keep_fabric(name, value),
             Kind::Node => {
-                let mut node: Node = yaml::typed(value).map_err(typed)?;
-                crate::trim::node(&mut node);
+                let node: CompactNode = yaml::typed(value).map_err(typed)?;
                 self.nodes.push(node);
             }
             Kind::Pod => {
-                let mut pod: Pod = yaml::typed(value).map_err(typed)?;
-                crate::trim::pod(&mut pod);
+                let pod: CompactPod = yaml::typed(value).map_err(typed)?;
                 self.pods.push(pod);
             }
             Kind::RoceNode => self.roce_nodes.push(yaml::typed(value).map_err(typed)?),
@@ -237,8 +236,8 @@ impl Snapshot {
         let same = match id.kind {
             _ if matches!(kept, Kept::Digest(_)) => kept == Kept::Digest(digest(&value)),
             Kind::RoceFabric => same_json(self.fabrics.get(i), value),
-            Kind::Pod => same(self.pods.get(i), value, crate::trim::pod),
-            Kind::Node => same(self.nodes.get(i), value, crate::trim::node),
+            Kind::Pod => same(self.pods.get(i), value, |_| ()),
+            Kind::Node => same(self.nodes.get(i), value, |_| ()),
             Kind::RoceNode => same_json(self.roce_nodes.get(i), value),
             Kind::ConfigMap => same(self.config_maps.get(i), value, |_| ()),
         };

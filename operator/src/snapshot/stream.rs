@@ -11,6 +11,7 @@ use rocefabric_input::yaml::Strict;
 use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 
+use super::prune::Keep;
 use super::{Kind, MAX_OBJECT_BYTES, Snapshot, SnapshotError};
 
 /// The top-level JSON value: an object whose `items` (if any) are added one by one as they are
@@ -144,7 +145,7 @@ impl<'de> Visitor<'de> for Items<'_> {
             if let Some(m) = self.0.meter {
                 m.start_object();
             }
-            let Some(item) = seq.next_element_seed(Strict)? else {
+            let Some(item) = seq.next_element_seed(Keep::items_of(self.0.accept))? else {
                 break;
             };
             let place = if self.0.place == "top level" {

@@ -8,18 +8,17 @@
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use rocefabric_api::constants::{REGION_ANNOTATION, REGION_SCHEDULING_GATE};
+use rocefabric_api::constants::REGION_SCHEDULING_GATE;
 use rocefabric_api::{RoceFabric, RoceNode};
 use rocefabric_formats::directory::{self, DirectoryEntry};
 use rocefabric_formats::names::DIRECTORY_KEY;
 use rocefabric_formats::region::RegionAssignment;
+pub use rocefabric_operator::objects::{CompactNode, CompactPod};
 use rocefabric_operator::planner::writes::{
     region_directory_name, region_directory_object, roce_node_object,
 };
 use rocefabric_operator::planner::{Event, Plan, PlanOptions, World, Write, plan};
-use rocefabric_operator_testing::objects::{
-    T0, agent_status, fabric, now, remove_region_gate, ts, with_shared_memory,
-};
+use rocefabric_operator_testing::objects::{T0, agent_status, fabric, now, ts, with_shared_memory};
 
 /// A gibibyte.
 pub const GI: u64 = 1 << 30;
@@ -45,11 +44,16 @@ pub fn directory_of(w: &World, ns: &str) -> Option<Vec<DirectoryEntry>> {
         })
 }
 
+/// Edit a pod of the world as an API object (with the testing crate's helpers).
+pub fn edit(p: &mut CompactPod, f: impl FnOnce(Pod) -> Pod) {
+    *p = f(Pod::from(&*p)).into();
+}
+
 pub fn world(fabrics: Vec<RoceFabric>, nodes: Vec<Node>, pods: Vec<Pod>) -> World {
     World {
         fabrics,
-        nodes,
-        pods,
+        nodes: nodes.into_iter().map(CompactNode::from).collect(),
+        pods: pods.into_iter().map(CompactPod::from).collect(),
         ..World::empty(now())
     }
 }
@@ -124,22 +128,15 @@ pub fn apply_writes(world: &mut World, writes: &[Write]) {
                 value,
                 ..
             } => {
-                let p = find_pod(world, namespace, pod);
-                p.metadata
-                    .annotations
-                    .get_or_insert_default()
-                    .insert(REGION_ANNOTATION.into(), value.clone());
+                find_pod(world, namespace, pod).region = Some(value.clone());
             }
             Write::RemovePodGate { namespace, pod, .. } => {
                 let p = find_pod(world, namespace, pod);
                 assert!(
-                    p.metadata
-                        .annotations
-                        .as_ref()
-                        .is_some_and(|a| a.contains_key(REGION_ANNOTATION)),
+                    p.region.is_some(),
                     "gate of {namespace}/{pod} removed before its region annotation"
                 );
-                remove_region_gate(p);
+                p.gates.retain(|g| g != REGION_SCHEDULING_GATE);
             }
             Write::ApplyRegionDirectory {
                 namespace,
@@ -168,13 +165,11 @@ fn same_cm(cm: &k8s_openapi::api::core::v1::ConfigMap, namespace: &str, fabric: 
         && cm.metadata.name.as_deref() == Some(&region_directory_name(fabric))
 }
 
-fn find_pod<'a>(world: &'a mut World, ns: &str, name: &str) -> &'a mut Pod {
+pub fn find_pod<'a>(world: &'a mut World, ns: &str, name: &str) -> &'a mut CompactPod {
     world
         .pods
         .iter_mut()
-        .find(|p| {
-            p.metadata.namespace.as_deref() == Some(ns) && p.metadata.name.as_deref() == Some(name)
-        })
+        .find(|p| p.key() == (ns, name))
         .expect("write to a known pod")
 }
 
@@ -289,29 +284,24 @@ pub fn condition_message(world: &World, name: &str, type_: &str) -> String {
         .clone()
 }
 
-pub fn pod_of<'a>(world: &'a World, ns: &str, name: &str) -> &'a Pod {
+pub fn pod_of<'a>(world: &'a World, ns: &str, name: &str) -> &'a CompactPod {
     world
         .pods
         .iter()
-        .find(|p| {
-            p.metadata.namespace.as_deref() == Some(ns) && p.metadata.name.as_deref() == Some(name)
-        })
+        .find(|p| p.key() == (ns, name))
         .expect("known pod")
 }
 
 pub fn region_of(world: &World, ns: &str, name: &str) -> Option<RegionAssignment> {
     pod_of(world, ns, name)
-        .metadata
-        .annotations
+        .region
         .as_ref()
-        .and_then(|a| a.get(REGION_ANNOTATION))
         .map(|v| RegionAssignment::parse(v).expect("valid annotation"))
 }
 
 pub fn gated(world: &World, ns: &str, name: &str) -> bool {
     pod_of(world, ns, name)
-        .spec
-        .as_ref()
-        .and_then(|s| s.scheduling_gates.as_ref())
-        .is_some_and(|g| g.iter().any(|g| g.name == REGION_SCHEDULING_GATE))
+        .gates
+        .iter()
+        .any(|g| g == REGION_SCHEDULING_GATE)
 }

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use k8s_openapi::api::core::v1::Pod;
+use crate::objects::CompactPod;
 use rocefabric_api::RoceNode;
 use rocefabric_api::validate::FieldError;
 
@@ -45,7 +45,7 @@ impl State {
             .collect();
         let mut state = State::empty(&parsed, validation, plan);
         for node in &world.nodes {
-            let name = node.metadata.name.clone().unwrap_or_default();
+            let name = node.name.clone();
             let owner = state.selectors.owner_of(node);
             state.move_node(&name, owner, roce_node(&name));
         }
@@ -121,8 +121,8 @@ impl State {
     }
 
     /// The live pods by fabric; gated pods no fabric selects go to `unmatched`.
-    fn route_pods<'w>(&mut self, world: &'w World) -> Vec<Vec<&'w Pod>> {
-        let mut routed: Vec<Vec<&Pod>> = vec![Vec::new(); self.active.len()];
+    fn route_pods<'w>(&mut self, world: &'w World) -> Vec<Vec<&'w CompactPod>> {
+        let mut routed: Vec<Vec<&CompactPod>> = vec![Vec::new(); self.active.len()];
         for pod in world.pods.iter().filter(|p| pod::is_live(p)) {
             let p = PodRef::new(pod);
             match self.router.route(&p) {
@@ -181,13 +181,10 @@ impl State {
 
 impl PassWrites {
     /// The writes of `pods`, taken out, by namespace and name.
-    fn of_pods(&mut self, pods: &[&Pod]) -> BTreeMap<PodKey, Vec<Write>> {
+    fn of_pods(&mut self, pods: &[&CompactPod]) -> BTreeMap<PodKey, Vec<Write>> {
         let mut writes = BTreeMap::new();
         for pod in pods {
-            let key = (
-                pod.metadata.namespace.clone().unwrap_or_default(),
-                pod.metadata.name.clone().unwrap_or_default(),
-            );
+            let key = (pod.namespace.to_string(), pod.name.clone());
             if let Some(w) = self.pods.remove(&key) {
                 writes.insert(key, w);
             }

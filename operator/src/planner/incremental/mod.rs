@@ -21,7 +21,7 @@ mod regions;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use rocefabric_api::constants::FABRIC_LABEL;
@@ -31,6 +31,7 @@ use super::pod::{self, PodRef};
 use super::selection::{self, Route, Router};
 use super::writes::{Write, region_directory_name};
 use super::{Plan, PlanOptions, World};
+use crate::objects::{CompactNode, CompactPod, Matcher};
 use crate::regions::{FreedRegions, Ledger};
 use keyed::Keyed;
 use nodes::{NodeSelectors, Owner, Rollout};
@@ -54,9 +55,9 @@ pub struct Figures {
 pub struct Incremental {
     opts: PlanOptions,
     fabrics: Vec<RoceFabric>,
-    nodes: Keyed<String, Node>,
+    nodes: Keyed<String, CompactNode>,
     roce_nodes: Keyed<String, RoceNode>,
-    pods: Keyed<PodKey, Pod>,
+    pods: Keyed<PodKey, CompactPod>,
     config_maps: Keyed<PodKey, ConfigMap>,
     /// `None`: the next plan is a full pass.
     state: Option<State>,
@@ -64,7 +65,7 @@ pub struct Incremental {
     freed: FreedRegions,
     figures: Figures,
     /// The fabrics' custom pod selectors (see [`Self::wants_pod`]), parsed and as written.
-    pod_selectors: Vec<kube::core::Selector>,
+    pod_selectors: Vec<Matcher>,
     pod_selector_specs: Vec<LabelSelector>,
     /// A selector came that was not there before: pods dropped by `wants_pod` may match it.
     selectors_grew: bool,
@@ -101,9 +102,9 @@ impl Incremental {
         Self {
             opts,
             fabrics: Vec::new(),
-            nodes: Keyed::new(|n: &Node| name_key(&n.metadata)),
+            nodes: Keyed::new(|n: &CompactNode| n.name.clone()),
             roce_nodes: Keyed::new(|n: &RoceNode| name_key(&n.metadata)),
-            pods: Keyed::new(|p: &Pod| object_key(&p.metadata)),
+            pods: Keyed::new(|p: &CompactPod| (p.namespace.to_string(), p.name.clone())),
             config_maps: Keyed::new(|c: &ConfigMap| object_key(&c.metadata)),
             state: None,
             freed: FreedRegions::default(),
@@ -118,19 +119,11 @@ impl Incremental {
     /// gated by us, or picked by a fabric's custom pod selector. Other pods (most of a large
     /// cluster) are not held at all; when a new custom selector comes, the pods are listed
     /// again ([`Self::take_selectors_grew`]).
-    pub fn wants_pod(&self, pod: &Pod) -> bool {
-        let meta = &pod.metadata;
-        let labels = selection::labels_of(meta.labels.as_ref());
-        labels.contains_key(FABRIC_LABEL)
-            || meta
-                .annotations
-                .as_ref()
-                .is_some_and(|a| a.contains_key(rocefabric_api::constants::REGION_ANNOTATION))
+    pub fn wants_pod(&self, pod: &CompactPod) -> bool {
+        pod.labels.contains_key(FABRIC_LABEL)
+            || pod.region.is_some()
             || PodRef::new(pod).gated()
-            || self
-                .pod_selectors
-                .iter()
-                .any(|s| kube::core::SelectorExt::matches(s, labels))
+            || self.pod_selectors.iter().any(|s| s.matches(&pod.labels))
     }
 
     /// Whether a custom pod selector came since last asked (the pods must be listed again).
@@ -172,7 +165,7 @@ impl Incremental {
     }
 
     /// A pod as held.
-    pub fn pod(&self, namespace: &str, name: &str) -> Option<&Pod> {
+    pub fn pod(&self, namespace: &str, name: &str) -> Option<&CompactPod> {
         self.pods.get(&(namespace.to_string(), name.to_string()))
     }
 
@@ -258,8 +251,8 @@ impl Incremental {
 
     // --- Nodes.
 
-    pub fn upsert_node(&mut self, node: Node) {
-        let name = node.metadata.name.clone().unwrap_or_default();
+    pub fn upsert_node(&mut self, node: CompactNode) {
+        let name = node.name.clone();
         let owner = self.state.as_ref().map(|s| s.selectors.owner_of(&node));
         self.nodes.insert(node);
         if let (Some(owner), Some(state)) = (owner, self.state.as_mut()) {
@@ -310,11 +303,8 @@ impl Incremental {
 
     /// A pod added or changed; false when the planner neither holds nor wants it (nothing to
     /// plan).
-    pub fn upsert_pod(&mut self, pod: Pod) -> bool {
-        let key = (
-            pod.metadata.namespace.clone().unwrap_or_default(),
-            pod.metadata.name.clone().unwrap_or_default(),
-        );
+    pub fn upsert_pod(&mut self, pod: CompactPod) -> bool {
+        let key = (pod.namespace.to_string(), pod.name.clone());
         if !self.wants_pod(&pod) {
             return self.remove_pod(&key.0, &key.1);
         }
@@ -410,7 +400,7 @@ impl Incremental {
         self.fabrics_changed();
     }
 
-    pub fn replace_nodes(&mut self, items: Vec<Node>) {
+    pub fn replace_nodes(&mut self, items: Vec<CompactNode>) {
         self.fall_back();
         self.nodes.replace(items);
     }
@@ -420,9 +410,9 @@ impl Incremental {
         self.roce_nodes.replace(items);
     }
 
-    pub fn replace_pods(&mut self, items: Vec<Pod>) {
+    pub fn replace_pods(&mut self, items: Vec<CompactPod>) {
         self.fall_back();
-        let wanted: Vec<Pod> = items.into_iter().filter(|p| self.wants_pod(p)).collect();
+        let wanted: Vec<CompactPod> = items.into_iter().filter(|p| self.wants_pod(p)).collect();
         self.pods.replace(wanted);
     }
 
@@ -443,13 +433,10 @@ impl Incremental {
         let Some(mut pod) = self.pods.get(&key).cloned() else {
             return;
         };
-        if uid.is_some() && pod.metadata.uid.as_deref() != uid {
+        if uid.is_some() && pod.uid.as_deref() != uid {
             return;
         }
-        pod.metadata.annotations.get_or_insert_default().insert(
-            rocefabric_api::constants::REGION_ANNOTATION.to_string(),
-            value.to_string(),
-        );
+        pod.region = Some(value.to_string());
         self.upsert_pod(pod);
     }
 
@@ -576,11 +563,11 @@ impl State {
     fn pod_changed(
         &mut self,
         key: &PodKey,
-        old: Option<&Pod>,
-        new: Option<&Pod>,
+        old: Option<&CompactPod>,
+        new: Option<&CompactPod>,
         configs: &Keyed<PodKey, ConfigMap>,
     ) -> Step {
-        let route = |pod: Option<&Pod>| match pod.filter(|p| pod::is_live(p)) {
+        let route = |pod: Option<&CompactPod>| match pod.filter(|p| pod::is_live(p)) {
             Some(p) => self.router.route(&PodRef::new(p)),
             None => Route::Skip,
         };
@@ -624,7 +611,7 @@ fn same_fabric_but_status(a: &RoceFabric, b: &RoceFabric) -> bool {
 }
 
 fn unmatched_id(p: &PodRef<'_>) -> String {
-    p.pod.metadata.uid.clone().unwrap_or_else(|| p.key())
+    p.pod.uid.clone().unwrap_or_else(|| p.key())
 }
 
 /// The fabric a region directory belongs to: labelled with it and named after it.

@@ -3,14 +3,13 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use k8s_openapi::api::core::v1::Node;
-use kube::core::{Selector, SelectorExt};
 use rocefabric_api::{RoceFabric, RoceNode, RoceNodeSpec};
 
 use super::super::rollout::{self, Class, Report, RolloutCounts, count};
-use super::super::selection::{ParsedFabric, labels_of};
+use super::super::selection::ParsedFabric;
 use super::super::writes::Write;
 use super::keyed::Keyed;
+use crate::objects::{CompactNode, Matcher};
 
 /// Who owns a node, and which younger fabrics select it too.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -22,7 +21,7 @@ pub(crate) struct Owner {
 /// The node selectors of every fabric, oldest first.
 pub(crate) struct NodeSelectors {
     /// (fabric index, selector) in age order.
-    selectors: Vec<(usize, Selector)>,
+    selectors: Vec<(usize, Matcher)>,
 }
 
 impl NodeSelectors {
@@ -36,11 +35,10 @@ impl NodeSelectors {
     }
 
     /// The oldest fabric selecting `node` owns it; the others that select it lose it.
-    pub fn owner_of(&self, node: &Node) -> Owner {
-        let labels = labels_of(node.metadata.labels.as_ref());
+    pub fn owner_of(&self, node: &CompactNode) -> Owner {
         let mut out = Owner::default();
         for (f, sel) in &self.selectors {
-            if !sel.matches(labels) {
+            if !sel.matches(&node.labels) {
                 continue;
             }
             match out.owner {

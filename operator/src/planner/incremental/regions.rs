@@ -9,9 +9,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use rocefabric_api::constants::REGION_SIZE_ANNOTATION;
 use rocefabric_formats::directory::{self, DirectoryEntry, EntryRef};
 use rocefabric_formats::names::DIRECTORY_KEY;
 
@@ -21,6 +20,7 @@ use super::super::pod::{self, Claim, PodRef};
 use super::super::pods;
 use super::super::writes::{Write, region_directory_name};
 use super::keyed::Keyed;
+use crate::objects::CompactPod;
 use crate::regions::{Cooling, Geometry, Ledger, SlotMap, Slots};
 
 /// `(namespace, name)`.
@@ -100,7 +100,7 @@ pub(crate) struct FullPass<'a> {
     pub geometry: Geometry,
     pub per_pod: Option<u32>,
     pub per_namespace: Option<u32>,
-    pub pods: Vec<&'a Pod>,
+    pub pods: Vec<&'a CompactPod>,
     pub ledger: Ledger,
     pub findings: RegionFindings,
     pub pod_writes: BTreeMap<PodKey, Vec<Write>>,
@@ -122,14 +122,6 @@ fn sort_key(p: &PodRef<'_>) -> SortKey {
 
 fn pod_key(p: &PodRef<'_>) -> PodKey {
     (p.namespace.to_string(), p.name.to_string())
-}
-
-fn raw_annotation(pod: &Pod, key: &str) -> Option<String> {
-    pod.metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(key))
-        .cloned()
 }
 
 impl Regions {
@@ -175,7 +167,7 @@ impl Regions {
     }
 
     /// Fill the per-pod index from a full pass; false when the fabric is not simple after all.
-    fn index(&mut self, routed: &[&Pod], findings: &RegionFindings) -> bool {
+    fn index(&mut self, routed: &[&CompactPod], findings: &RegionFindings) -> bool {
         let exhausted: HashSet<&str> = findings.exhausted.iter().map(String::as_str).collect();
         let bad: HashMap<&str, &str> = findings
             .bad_requests
@@ -245,9 +237,9 @@ impl Regions {
                 PodEntry {
                     sort,
                     held,
-                    annotation: raw_annotation(pod, rocefabric_api::constants::REGION_ANNOTATION),
-                    size: raw_annotation(pod, REGION_SIZE_ANNOTATION),
-                    uid: pod.metadata.uid.clone(),
+                    annotation: pod.region.clone(),
+                    size: pod.region_size.clone(),
+                    uid: pod.uid.clone(),
                 },
             );
         }
@@ -272,7 +264,7 @@ impl Regions {
     /// A new pod routed here. Covered when it has no annotation and sorts after every pod
     /// waiting for a new window or over its namespace's quota: then the full pass would hand it the first fit of the map as
     /// it stands, after everyone else.
-    pub fn add(&mut self, pod: &Pod, configs: &Keyed<PodKey, ConfigMap>) -> Step {
+    pub fn add(&mut self, pod: &CompactPod, configs: &Keyed<PodKey, ConfigMap>) -> Step {
         let p = PodRef::new(pod);
         let key = pod_key(&p);
         if !self.simple || p.annotation.is_some() || self.pods.contains_key(&key) {
@@ -305,8 +297,8 @@ impl Regions {
                 sort,
                 held,
                 annotation: None,
-                size: raw_annotation(pod, REGION_SIZE_ANNOTATION),
-                uid: pod.metadata.uid.clone(),
+                size: pod.region_size.clone(),
+                uid: pod.uid.clone(),
             },
         );
         Step::Done
@@ -371,7 +363,7 @@ impl Regions {
     /// A pod of this fabric changed and stays here. Covered when nothing its request is made of
     /// changed (order, size request, uid, recorded window), or when the annotation now records
     /// exactly the window it was assigned (our write, seen).
-    pub fn update(&mut self, pod: &Pod, configs: &Keyed<PodKey, ConfigMap>) -> Step {
+    pub fn update(&mut self, pod: &CompactPod, configs: &Keyed<PodKey, ConfigMap>) -> Step {
         let p = PodRef::new(pod);
         let key = pod_key(&p);
         if !self.simple {
@@ -380,10 +372,10 @@ impl Regions {
         let Some(entry) = self.pods.get(&key) else {
             return Step::Full;
         };
-        let annotation = raw_annotation(pod, rocefabric_api::constants::REGION_ANNOTATION);
+        let annotation = pod.region.clone();
         if entry.sort != sort_key(&p)
-            || entry.size != raw_annotation(pod, REGION_SIZE_ANNOTATION)
-            || entry.uid != pod.metadata.uid
+            || entry.size != pod.region_size.clone()
+            || entry.uid != pod.uid
         {
             return Step::Full;
         }

@@ -1,0 +1,289 @@
+//! A pod as the planner holds it, decoded straight from the API server's JSON (or `plan`'s
+//! files): what the planner reads and nothing else. A full `Pod` is never built, so neither its
+//! size (2,176 bytes inline before any string) nor the time to decode its containers, statuses
+//! and managedFields is paid for each of a cluster's pods.
+
+use std::fmt;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use rocefabric_api::constants::{REGION_ANNOTATION, REGION_SIZE_ANNOTATION};
+use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
+
+use super::labels::{Labels, Sym, Text, intern};
+
+/// The fields of a pod the planner reads.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CompactPod {
+    pub namespace: Sym,
+    pub name: String,
+    pub uid: Option<String>,
+    pub resource_version: Option<String>,
+    pub created: Option<Timestamp>,
+    /// `metadata.deletionTimestamp` is set.
+    pub deleting: bool,
+    pub labels: Labels,
+    /// The `rocefabric.io/region` annotation.
+    pub region: Option<String>,
+    /// The `rocefabric.io/region-size` annotation.
+    pub region_size: Option<String>,
+    pub node_name: Option<String>,
+    /// The names of `spec.schedulingGates`.
+    pub gates: Vec<String>,
+    pub phase: Option<Sym>,
+    pub pod_ip: Option<String>,
+}
+
+impl CompactPod {
+    /// `namespace/name`.
+    pub fn key(&self) -> (&str, &str) {
+        (&self.namespace, &self.name)
+    }
+}
+
+impl From<&Pod> for CompactPod {
+    fn from(pod: &Pod) -> Self {
+        let meta = &pod.metadata;
+        let annotation = |key: &str| meta.annotations.as_ref().and_then(|a| a.get(key)).cloned();
+        let spec = pod.spec.as_ref();
+        let status = pod.status.as_ref();
+        Self {
+            namespace: intern(meta.namespace.as_deref().unwrap_or_default()),
+            name: meta.name.clone().unwrap_or_default(),
+            uid: meta.uid.clone(),
+            resource_version: meta.resource_version.clone(),
+            created: meta.creation_timestamp.as_ref().map(|t| t.0),
+            deleting: meta.deletion_timestamp.is_some(),
+            labels: Labels::from(meta.labels.as_ref()),
+            region: annotation(REGION_ANNOTATION),
+            region_size: annotation(REGION_SIZE_ANNOTATION),
+            node_name: spec.and_then(|s| s.node_name.clone()),
+            gates: spec
+                .and_then(|s| s.scheduling_gates.as_ref())
+                .map(|g| g.iter().map(|g| g.name.clone()).collect())
+                .unwrap_or_default(),
+            phase: status.and_then(|s| s.phase.as_deref()).map(intern),
+            pod_ip: status.and_then(|s| s.pod_ip.clone()),
+        }
+    }
+}
+
+impl From<Pod> for CompactPod {
+    fn from(pod: Pod) -> Self {
+        Self::from(&pod)
+    }
+}
+
+/// The pod as the planner sees it, as an API object (tests and what-ifs edit it so).
+impl From<&CompactPod> for Pod {
+    fn from(p: &CompactPod) -> Self {
+        use k8s_openapi::api::core::v1::{PodSchedulingGate, PodSpec, PodStatus};
+        let annotations: std::collections::BTreeMap<String, String> = [
+            (REGION_ANNOTATION, &p.region),
+            (REGION_SIZE_ANNOTATION, &p.region_size),
+        ]
+        .into_iter()
+        .filter_map(|(k, v)| Some((k.to_string(), v.clone()?)))
+        .collect();
+        let labels: std::collections::BTreeMap<String, String> = p
+            .labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let gates = p
+            .gates
+            .iter()
+            .map(|name| PodSchedulingGate { name: name.clone() });
+        Pod {
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                namespace: Some(p.namespace.to_string()),
+                name: Some(p.name.clone()),
+                uid: p.uid.clone(),
+                resource_version: p.resource_version.clone(),
+                creation_timestamp: p.created.map(Time),
+                deletion_timestamp: p.deleting.then(|| Time(p.created.unwrap_or_default())),
+                labels: (!labels.is_empty()).then_some(labels),
+                annotations: (!annotations.is_empty()).then_some(annotations),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                node_name: p.node_name.clone(),
+                scheduling_gates: (!p.gates.is_empty()).then(|| gates.collect()),
+                ..PodSpec::default()
+            }),
+            status: Some(PodStatus {
+                phase: p.phase.as_deref().map(str::to_string),
+                pod_ip: p.pod_ip.clone(),
+                ..PodStatus::default()
+            }),
+        }
+    }
+}
+
+/// Written as the API object it stands for ([`Pod`] from it).
+impl serde::Serialize for CompactPod {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        Pod::from(self).serialize(s)
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct Raw {
+    metadata: Option<RawMeta>,
+    spec: Option<RawSpec>,
+    status: Option<RawStatus>,
+}
+
+#[derive(Default, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawMeta {
+    name: Option<String>,
+    namespace: Option<String>,
+    uid: Option<String>,
+    resource_version: Option<String>,
+    creation_timestamp: Option<Time>,
+    deletion_timestamp: Option<Time>,
+    labels: Option<Labels>,
+    annotations: Option<Ours>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawSpec {
+    node_name: Option<String>,
+    scheduling_gates: Option<Vec<RawGate>>,
+}
+
+#[derive(serde::Deserialize)]
+struct RawGate {
+    name: String,
+}
+
+#[derive(serde::Deserialize)]
+struct RawStatus {
+    phase: Option<String>,
+    #[serde(rename = "podIP")]
+    pod_ip: Option<String>,
+}
+
+/// The two annotations the planner reads; the others (a `last-applied-configuration` may be
+/// most of a pod) are skipped unread.
+#[derive(Default)]
+struct Ours {
+    region: Option<String>,
+    region_size: Option<String>,
+}
+
+impl<'de> Deserialize<'de> for Ours {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Ours;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a map of annotations")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Ours, A::Error> {
+                let mut ours = Ours::default();
+                while let Some(key) = map.next_key::<Text<'de>>()? {
+                    match &*key.0 {
+                        REGION_ANNOTATION => ours.region = Some(map.next_value()?),
+                        REGION_SIZE_ANNOTATION => ours.region_size = Some(map.next_value()?),
+                        _ => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(ours)
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+impl<'de> Deserialize<'de> for CompactPod {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let Raw {
+            metadata,
+            spec,
+            status,
+        } = Raw::deserialize(d)?;
+        let meta = metadata.unwrap_or_default();
+        let ours = meta.annotations.unwrap_or_default();
+        let (node_name, gates) = spec.map_or((None, None), |s| (s.node_name, s.scheduling_gates));
+        let (phase, pod_ip) = status.map_or((None, None), |s| (s.phase, s.pod_ip));
+        Ok(Self {
+            namespace: intern(meta.namespace.as_deref().unwrap_or_default()),
+            name: meta.name.unwrap_or_default(),
+            uid: meta.uid,
+            resource_version: meta.resource_version,
+            created: meta.creation_timestamp.map(|t| t.0),
+            deleting: meta.deletion_timestamp.is_some(),
+            labels: meta.labels.unwrap_or_default(),
+            region: ours.region,
+            region_size: ours.region_size,
+            node_name,
+            gates: gates
+                .map(|g| g.into_iter().map(|g| g.name).collect())
+                .unwrap_or_default(),
+            phase: phase.as_deref().map(intern),
+            pod_ip,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn full() -> serde_json::Value {
+        serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "a", "namespace": "ns", "uid": "u1", "resourceVersion": "7",
+                "creationTimestamp": "2024-01-01T00:00:00Z",
+                "deletionTimestamp": "2024-01-02T00:00:00Z",
+                "labels": {"app": "x", "rocefabric.io/fabric": "f"},
+                "annotations": {"rocefabric.io/region": "{}", "rocefabric.io/region-size": "2Mi",
+                    "rocefabric.io/other": "o",
+                    "kubectl.kubernetes.io/last-applied-configuration": "{...}"},
+                "managedFields": [{"manager": "kubectl"}],
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                    "name": "a-1", "uid": "u0"}]},
+            "spec": {"nodeName": "n1",
+                "schedulingGates": [{"name": "rocefabric.io/region"}, {"name": "other"}],
+                "containers": [{"name": "c", "image": "busybox"}]},
+            "status": {"phase": "Running", "podIP": "10.0.0.1", "containerStatuses": []}
+        })
+    }
+
+    #[test]
+    fn a_pod_decodes_to_what_the_planner_reads() {
+        let p: CompactPod = serde_json::from_value(full()).expect("valid pod");
+        assert_eq!(p.key(), ("ns", "a"));
+        assert_eq!(p.uid.as_deref(), Some("u1"));
+        assert_eq!(p.resource_version.as_deref(), Some("7"));
+        assert!(p.created.is_some() && p.deleting);
+        assert_eq!(p.labels.get("app"), Some("x"));
+        assert_eq!(p.region.as_deref(), Some("{}"));
+        assert_eq!(p.region_size.as_deref(), Some("2Mi"));
+        assert_eq!(p.node_name.as_deref(), Some("n1"));
+        assert_eq!(p.gates, ["rocefabric.io/region", "other"]);
+        assert_eq!(p.phase.as_deref(), Some("Running"));
+        assert_eq!(p.pod_ip.as_deref(), Some("10.0.0.1"));
+    }
+
+    #[test]
+    fn decoding_and_converting_a_full_pod_agree() {
+        let full_pod: Pod = serde_json::from_value(full()).expect("valid pod");
+        let decoded: CompactPod = serde_json::from_value(full()).expect("valid pod");
+        assert_eq!(CompactPod::from(&full_pod), decoded);
+        assert_eq!(
+            CompactPod::from(&Pod::from(&decoded)),
+            decoded,
+            "a round trip"
+        );
+        let bare: CompactPod =
+            serde_json::from_value(serde_json::json!({"metadata": null})).expect("bare");
+        assert_eq!(CompactPod::from(&Pod::default()), bare);
+    }
+}
