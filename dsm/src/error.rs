@@ -46,6 +46,12 @@ pub enum DsmError {
         owner: String,
         status: String,
     },
+    /// Another waiter broke the lock while this holder was in its critical section (the section
+    /// outlived its lease): what it did may have overlapped another holder's.
+    #[error(
+        "lock at {addr:#x} was broken while held (the section outlived its lease; the word is now {now:#x})"
+    )]
+    LockBroken { addr: u64, now: u64 },
     /// A configuration input is wrong: the field (file, flag or variable) and its value.
     #[error("{field} {value:?}: {reason}")]
     Input {

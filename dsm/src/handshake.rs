@@ -56,8 +56,10 @@ pub fn respond<W: Window>(
     let hello: Hello = recv(stream, deadline, "hello").map_err(refuse)?;
     let (exchange, challenge) =
         wire::check_hello(&hello, us, directory, Nonce::fresh()).map_err(|why| {
+            // Quoted: the names come from an unauthenticated peer (a newline must not forge a
+            // log line).
             refuse(format!(
-                "refused {} ({}): {}",
+                "refused {:?} ({:?}): {}",
                 hello.from_pod, hello.from_uid, why
             ))
         })?;
@@ -104,6 +106,7 @@ pub fn initiate<Q, E>(
     make_qp: impl FnOnce() -> Result<(Q, QpAddress), E>,
 ) -> Result<(Q, Offer, String), Failed<E>> {
     let gone = Failed::Owner;
+    let to_uid = to_uid.filter(|u| !u.is_empty());
     if to_uid.is_none() {
         return Err(gone(format!(
             "the directory names no uid for pod {to_pod} yet: not connecting to an owner it cannot identify"
@@ -311,7 +314,9 @@ pub(crate) mod tests {
             panic!("{got:?}")
         };
         assert!(
-            why.contains("refused: refused z (uz): pod \"z\" is not in this pod's directory"),
+            why.contains(
+                "refused: refused \"z\" (\"uz\"): pod \"z\" is not in this pod's directory"
+            ),
             "{why}"
         );
         assert!(

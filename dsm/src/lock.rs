@@ -5,7 +5,11 @@
 use std::time::{Duration, Instant};
 
 use crate::client::Dsm;
-use crate::error::Result;
+use crate::error::{DsmError, Result};
+
+/// The shortest lease [`Dsm::with_lock`] takes: a shorter one (or another pod's shorter one)
+/// would break live holders between two of their own verbs.
+pub const MIN_LOCK_LEASE: Duration = Duration::from_secs(1);
 
 /// The one verb a lock needs: compare-and-swap of a word; returns what the word held.
 pub(crate) trait Cas {
@@ -23,8 +27,9 @@ impl Dsm {
     /// or panics. The lock word names its holder ([`lock_word`]: this pod's uid hash and a fresh
     /// epoch per acquisition), so a holder that died holding it is recognised: a waiter that sees
     /// the same word for longer than `lease` breaks the lock. Choose `lease` well above the longest
-    /// `f`: a holder still running past it may be broken. Everyone touching what the lock guards
-    /// must take it the same way.
+    /// `f`: a holder still running past it may be broken, and then gets
+    /// [`DsmError::LockBroken`] even if `f` succeeded. A lease under [`MIN_LOCK_LEASE`] counts
+    /// as that. Everyone touching what the lock guards must take it the same way.
     pub fn with_lock<T>(
         &mut self,
         lock_addr: u64,
@@ -33,7 +38,7 @@ impl Dsm {
     ) -> Result<T> {
         self.lock_epoch = self.lock_epoch.wrapping_add(1);
         let me = lock_word(&self.config().uid, self.lock_epoch);
-        locked(self, lock_addr, me, lease, f)
+        locked(self, lock_addr, me, lease.max(MIN_LOCK_LEASE), f)
     }
 }
 
@@ -109,11 +114,10 @@ impl<C: Cas> Held<'_, C> {
         self.released = true;
         let prev = self.c.cas(self.addr, self.me, 0)?;
         if prev != self.me {
-            tracing::warn!(
-                lock = self.addr,
-                now = prev,
-                "the lock was broken while held (the critical section outlived its lease)"
-            );
+            return Err(DsmError::LockBroken {
+                addr: self.addr,
+                now: prev,
+            });
         }
         Ok(())
     }
@@ -132,7 +136,6 @@ impl<C: Cas> Drop for Held<'_, C> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::DsmError;
 
     /// A lock word in memory; `holder` (when set) re-takes the lock under a new epoch every few
     /// compare-and-swaps, as a live holder does, until `frees_at`. Counts the attempts to break
@@ -242,5 +245,22 @@ mod tests {
         .unwrap();
         assert!(started.elapsed() >= LEASE * 4);
         assert_eq!(w.breaks, 0, "a live holder's lock is never broken");
+    }
+
+    #[test]
+    fn a_holder_whose_lock_was_broken_is_told_even_when_its_section_succeeded() {
+        let me = lock_word("slow", 1);
+        let other = lock_word("other", 9);
+        let mut w = Word::default();
+        let got = locked(&mut w, 0x40, me, LEASE, |w| {
+            // Another waiter breaks the lock while this section runs.
+            w.value = other;
+            Ok(())
+        });
+        assert!(
+            matches!(got, Err(DsmError::LockBroken { addr: 0x40, now }) if now == other),
+            "{got:?}"
+        );
+        assert_eq!(w.value, other, "the new holder's word is left alone");
     }
 }

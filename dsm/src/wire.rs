@@ -258,7 +258,8 @@ pub fn check_hello(
             hello.to_pod, me.pod
         ));
     }
-    match hello.to_uid.as_deref() {
+    // An empty uid is no uid: it names no pod.
+    match hello.to_uid.as_deref().filter(|u| !u.is_empty()) {
         None => {
             return Err(format!(
                 "the hello names no uid for pod {}: an owner is only reached by its uid",
@@ -280,11 +281,11 @@ pub fn check_hello(
             us.fabric, us.namespace
         ));
     };
-    match entry.uid.as_deref() {
+    match entry.uid.as_deref().filter(|u| !u.is_empty()) {
         Some(u) if u == hello.from_uid => {}
         Some(u) => {
             return Err(format!(
-                "pod {from} claims uid {}, this pod's directory names uid {u}",
+                "pod {from} claims uid {:?}, this pod's directory names uid {u}",
                 hello.from_uid
             ));
         }
@@ -562,6 +563,9 @@ pub(crate) mod tests {
         assert!(refused(&other, Some("ub")).1.contains("namespace \"ns2\""));
         let (_, why) = refused(&identity("a", "ua", key(1)), None);
         assert!(why.contains("names no uid for pod b"), "{why}");
+        // An empty uid is no uid.
+        let (_, why) = refused(&identity("a", "ua", key(1)), Some(""));
+        assert!(why.contains("names no uid for pod b"), "{why}");
         let (_, why) = refused(&identity("z", "uz", key(1)), Some("ub"));
         assert_eq!(
             why,
@@ -570,7 +574,7 @@ pub(crate) mod tests {
         let (_, why) = refused(&identity("a", "u-old", key(1)), Some("ub"));
         assert_eq!(
             why,
-            "pod a claims uid u-old, this pod's directory names uid ua"
+            "pod a claims uid \"u-old\", this pod's directory names uid ua"
         );
         let (_, why) = refused(&identity("c", "uc", key(1)), Some("ub"));
         assert!(why.contains("names no uid for pod c"), "{why}");
