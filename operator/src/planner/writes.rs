@@ -152,16 +152,7 @@ pub fn fabric_key_name(fabric: &str) -> String {
 /// it.
 pub fn fabric_key_object(namespace: &str, fabric: &str, fabric_uid: &str, key: [u8; 32]) -> Secret {
     Secret {
-        metadata: ObjectMeta {
-            name: Some(fabric_key_name(fabric)),
-            namespace: Some(namespace.to_string()),
-            labels: Some(BTreeMap::from([(
-                FABRIC_LABEL.to_string(),
-                fabric.to_string(),
-            )])),
-            owner_references: Some(vec![fabric_owner_reference(fabric, fabric_uid)]),
-            ..ObjectMeta::default()
-        },
+        metadata: fabric_owned(fabric_key_name(fabric), namespace, fabric, fabric_uid),
         type_: Some("Opaque".into()),
         immutable: Some(true),
         data: Some(BTreeMap::from([
@@ -175,6 +166,21 @@ pub fn fabric_key_object(namespace: &str, fabric: &str, fabric_uid: &str, key: [
     }
 }
 
+/// The metadata of an object a fabric owns in `namespace`: its label and owner reference, so it
+/// is listed with the fabric and deleted with it.
+fn fabric_owned(name: String, namespace: &str, fabric: &str, fabric_uid: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name),
+        namespace: Some(namespace.to_string()),
+        labels: Some(BTreeMap::from([(
+            FABRIC_LABEL.to_string(),
+            fabric.to_string(),
+        )])),
+        owner_references: Some(vec![fabric_owner_reference(fabric, fabric_uid)]),
+        ..ObjectMeta::default()
+    }
+}
+
 /// The ConfigMap body of a [`Write::ApplyRegionDirectory`].
 pub fn region_directory_object(
     namespace: &str,
@@ -183,16 +189,7 @@ pub fn region_directory_object(
     data: &BTreeMap<String, String>,
 ) -> ConfigMap {
     ConfigMap {
-        metadata: ObjectMeta {
-            name: Some(region_directory_name(fabric)),
-            namespace: Some(namespace.to_string()),
-            labels: Some(BTreeMap::from([(
-                FABRIC_LABEL.to_string(),
-                fabric.to_string(),
-            )])),
-            owner_references: Some(vec![fabric_owner_reference(fabric, fabric_uid)]),
-            ..ObjectMeta::default()
-        },
+        metadata: fabric_owned(region_directory_name(fabric), namespace, fabric, fabric_uid),
         data: Some(data.clone()),
         ..ConfigMap::default()
     }
