@@ -137,15 +137,16 @@ impl<C: Cas> Drop for Held<'_, C> {
 mod tests {
     use super::*;
 
-    /// A lock word in memory; `holder` (when set) re-takes the lock under a new epoch every few
-    /// compare-and-swaps, as a live holder does, until `frees_at`. Counts the attempts to break
-    /// a lock (a swap from a held word to another).
+    /// A lock word in memory; `holder` (when set) re-takes the lock under a new epoch every
+    /// millisecond of real time from `since`, as a live holder does, until `frees_at` (real time,
+    /// not a count of calls: a waiter descheduled past the lease must still see the word move).
+    /// Counts the attempts to break a lock (a swap from a held word to another).
     #[derive(Default)]
     struct Word {
         value: u64,
         calls: u32,
         breaks: u32,
-        holder: Option<(u64, Instant)>,
+        holder: Option<(u64, Instant, Instant)>,
     }
 
     impl Cas for Word {
@@ -154,12 +155,14 @@ mod tests {
             if old != 0 && new != 0 {
                 self.breaks += 1;
             }
-            if let Some((h, frees_at)) = self.holder {
-                if Instant::now() >= frees_at {
+            if let Some((h, since, frees_at)) = self.holder {
+                let now = Instant::now();
+                if now >= frees_at {
                     self.holder = None;
                     self.value = 0;
-                } else if self.calls.is_multiple_of(4) {
-                    self.value = h + u64::from(self.calls);
+                } else {
+                    let epochs = now.duration_since(since).as_millis();
+                    self.value = h + u64::try_from(epochs).unwrap_or(u64::MAX >> 1);
                 }
             }
             let prev = self.value;
@@ -235,7 +238,7 @@ mod tests {
         let started = Instant::now();
         let mut w = Word {
             value: live,
-            holder: Some((live, started + LEASE * 4)),
+            holder: Some((live, started, started + LEASE * 4)),
             ..Word::default()
         };
         locked(&mut w, 0, me, LEASE, |w| {
