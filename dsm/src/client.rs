@@ -13,6 +13,7 @@ use rocefabric_formats::directory::DirectoryEntry;
 use rocefabric_formats::region::RegionAssignment;
 
 use crate::auth::{FabricKey, Identity, Member};
+use crate::conn_cache::ConnCache;
 use crate::directory::{self, Directory};
 use crate::endpoint::{self, Endpoint, Exposed, Limits, Owner};
 use crate::error::{DsmError, Result};
@@ -127,6 +128,35 @@ struct Conn {
     stream: TcpStream,
 }
 
+impl Conn {
+    /// Whether this is still the pod instance and window the directory entry `e` names (a
+    /// connection to another instance is dropped, never used).
+    fn serves(&self, e: &DirectoryEntry) -> bool {
+        e.uid.as_ref().is_none_or(|u| *u == self.uid)
+            && self.offer.base == e.base
+            && self.offer.size == e.size
+    }
+}
+
+/// A batch's working lists, kept across batches so that a warm batch allocates nothing.
+#[derive(Default)]
+struct Scratch {
+    /// Per access: the cache slot of its owner's connection.
+    owners: Vec<usize>,
+    /// Pieces of at most [`CHUNK`] bytes: (access, offset in it, length).
+    pieces: Vec<(usize, u64, u64)>,
+    /// This round's pieces: (piece, staging offset).
+    staged: Vec<(usize, u64)>,
+    /// Per cache slot: this round's requests.
+    works: Vec<Vec<Work>>,
+    /// The slots with requests this round, in first-use order.
+    active: Vec<usize>,
+    /// (slot, requests the HCA accepted, the first one's id).
+    posted: Vec<(usize, usize, u64)>,
+    /// Every connection that failed this round: (slot, piece, status).
+    failures: Vec<(usize, u64, String)>,
+}
+
 /// Staging buffer for local sides of requests (registered once).
 const STAGING: usize = 4 << 20;
 /// Largest single work request.
@@ -163,7 +193,8 @@ pub struct Dsm {
     directory: Directory,
     stamp: directory::Stamp,
     checked: Instant,
-    conns: HashMap<String, Conn>,
+    conns: ConnCache<Conn>,
+    scratch: Scratch,
     /// Pods whose connection failed, by uid: reconnecting is the next access's job.
     dropped: HashMap<String, String>,
     endpoint: Option<Endpoint>,
@@ -239,7 +270,8 @@ impl Dsm {
             staging,
             directory,
             checked: Instant::now(),
-            conns: HashMap::new(),
+            conns: ConnCache::default(),
+            scratch: Scratch::default(),
             dropped: HashMap::new(),
             endpoint,
             stats: Stats::default(),
@@ -344,19 +376,23 @@ impl Dsm {
 
     /// Run every access: all are resolved and bounds-checked against the directory first (nothing
     /// is posted if one fails), then posted per owner in rounds of up to [`DEPTH`] requests,
-    /// waiting once per round. Requests to one owner execute in the order given.
+    /// waiting once per round. Requests to one owner execute in the order given. Once the
+    /// connections are up and the scratch buffers have grown, a batch allocates nothing.
     pub fn batch(&mut self, accesses: &mut [Access<'_>]) -> Result<()> {
         self.refresh_if_due();
-        // Resolve owners (re-reading the directory once on a miss: the pod may be new).
-        let mut owners = Vec::with_capacity(accesses.len());
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let out = self.run_batch(&mut scratch, accesses);
+        self.scratch = scratch;
+        out
+    }
+
+    fn run_batch(&mut self, s: &mut Scratch, accesses: &mut [Access<'_>]) -> Result<()> {
+        // Check every access first (re-reading the directory once on a miss: the pod may be new).
         for a in accesses.iter() {
-            let e = match self.directory.owner(a.addr(), a.len()) {
-                Ok(e) => e.clone(),
-                Err(_) => {
-                    self.reload_directory();
-                    self.directory.owner(a.addr(), a.len())?.clone()
-                }
-            };
+            if self.directory.owner(a.addr(), a.len()).is_err() {
+                self.reload_directory();
+            }
+            let e = self.directory.owner(a.addr(), a.len())?;
             if let Some(op) = a.atomic().filter(|_| !a.addr().is_multiple_of(8)) {
                 return Err(DsmError::Misaligned {
                     addr: a.addr(),
@@ -364,131 +400,39 @@ impl Dsm {
                     owner: e.pod.clone(),
                 });
             }
-            owners.push(e);
         }
-        for (a, e) in accesses.iter().zip(&owners) {
-            self.connect(e, a.addr())?;
+        s.owners.clear();
+        for a in accesses.iter() {
+            let slot = self.owner_slot(a.addr(), a.len())?;
+            s.owners.push(slot);
         }
-        // Pieces: (access index, offset in access, len, owner pod).
-        let mut pieces = Vec::new();
+        s.pieces.clear();
         for (i, a) in accesses.iter().enumerate() {
             let len = a.len();
             let mut off = 0;
             loop {
                 let n = (len - off).min(CHUNK);
-                pieces.push((i, off, n));
+                s.pieces.push((i, off, n));
                 off += n;
                 if off >= len {
                     break;
                 }
             }
         }
+        if s.works.len() < self.conns.slots() {
+            s.works.resize_with(self.conns.slots(), Vec::new);
+        }
         let mut next = 0;
-        while next < pieces.len() {
-            // One round: fill staging and queue depth.
-            let mut used = 0u64;
-            let mut round: Vec<(usize, u64, u64, u64)> = Vec::new(); // (piece, staging offset, ..)
-            let mut per_owner: HashMap<String, usize> = HashMap::new();
-            while next < pieces.len() {
-                let (i, off, n) = pieces[next];
-                let slot = n.div_ceil(8) * 8;
-                let owner = &owners[i].pod;
-                let depth = per_owner.get(owner).copied().unwrap_or(0);
-                if used + slot > STAGING as u64 || depth >= DEPTH {
-                    break;
-                }
-                *per_owner.entry(owner.clone()).or_default() += 1;
-                if let Access::Write { data, .. } = &accesses[i] {
-                    let (s, e) = (off as usize, (off + n) as usize);
-                    self.staging.mapping.write(used as usize, &data[s..e]);
-                }
-                round.push((next, used, i as u64, off));
-                used += slot;
-                next += 1;
-            }
-            // Post per owner, in order.
-            let mut works: HashMap<String, Vec<Work>> = HashMap::new();
-            for &(p, staged, i, off) in &round {
-                let (_, _, n) = pieces[p];
-                let a = &accesses[i as usize];
-                let owner = &owners[i as usize];
-                let conn = &self.conns[&owner.pod];
-                let remote = conn.offer.addr + (a.addr() + off - conn.offer.base);
-                let op = match a {
-                    Access::Read { .. } => Op::Read,
-                    Access::Write { .. } => Op::Write,
-                    Access::CompareSwap { old, new, .. } => Op::CompareSwap {
-                        compare: *old,
-                        swap: *new,
-                    },
-                    Access::FetchAdd { add, .. } => Op::FetchAdd { add: *add },
-                };
-                works.entry(owner.pod.clone()).or_default().push(Work {
-                    id: p as u64,
-                    op,
-                    offset: staged,
-                    len: n as u32,
-                    remote,
-                    rkey: conn.offer.rkey,
-                });
-            }
-            // Every connection that failed in this round: (pod, piece, status).
-            let mut failures = Vec::new();
-            let mut posted = Vec::new();
-            for (pod, ws) in &works {
-                let conn = self
-                    .conns
-                    .get_mut(pod)
-                    .unwrap_or_else(|| unreachable!("connected above"));
-                let accepted = match conn.qp.post(&self.staging, ws) {
-                    Ok(()) => ws.len(),
-                    Err(e) => {
-                        let refused = ws[e.accepted.min(ws.len() - 1)].id;
-                        failures.push((pod.clone(), refused, format!("post failed: {}", e.reason)));
-                        e.accepted
-                    }
-                };
-                // Only what the HCA took counts, and is waited for before staging is reused.
-                self.stats.posted += accepted as u64;
-                if accepted > 0 {
-                    posted.push((pod.clone(), accepted, ws[0].id));
-                }
-            }
-            for (pod, n, first) in posted {
-                let conn = self
-                    .conns
-                    .get_mut(&pod)
-                    .unwrap_or_else(|| unreachable!("connected above"));
-                let failed = conn.qp.complete(n, COMPLETION_TIMEOUT);
-                if let Some((id, status)) = failed.into_iter().next() {
-                    let id = if id == u64::MAX { first } else { id };
-                    failures.push((pod, id, status));
-                }
-            }
-            // A failed queue pair is in the error state: drop every one that failed (or timed
-            // out) in this round, not only the first; the next access to each reconnects. The
-            // error names the earliest failed piece.
-            failures.sort_by_key(|f| f.1);
-            for (pod, _, _) in &failures {
-                if let Some(c) = self.conns.remove(pod) {
-                    self.dropped.insert(pod.clone(), c.uid);
-                }
-            }
-            if let Some((pod, piece, status)) = failures.into_iter().next() {
-                let (i, off, _) = pieces[piece as usize];
-                return Err(DsmError::Transport {
-                    addr: accesses[i].addr() + off,
-                    owner: pod,
-                    status,
-                });
-            }
+        while next < s.pieces.len() {
+            next = self.fill_round(s, accesses, next);
+            self.post_round(s, accesses)?;
             // Copy results out.
-            for &(p, staged, i, off) in &round {
-                let (_, _, n) = pieces[p];
-                match &mut accesses[i as usize] {
+            for &(p, staged) in &s.staged {
+                let (i, off, n) = s.pieces[p];
+                match &mut accesses[i] {
                     Access::Read { buf, .. } => {
-                        let (s, e) = (off as usize, (off + n) as usize);
-                        self.staging.mapping.read(staged as usize, &mut buf[s..e]);
+                        let (b, e) = (off as usize, (off + n) as usize);
+                        self.staging.mapping.read(staged as usize, &mut buf[b..e]);
                     }
                     Access::CompareSwap { prev, .. } | Access::FetchAdd { prev, .. } => {
                         let mut w = [0u8; 8];
@@ -502,19 +446,139 @@ impl Dsm {
         Ok(())
     }
 
+    /// Stage pieces from `next` on into one round (staging space and queue depth permitting) as
+    /// per-owner work requests; returns the first piece left for the next round.
+    fn fill_round(&mut self, s: &mut Scratch, accesses: &[Access<'_>], mut next: usize) -> usize {
+        for &slot in &s.active {
+            s.works[slot].clear();
+        }
+        s.active.clear();
+        s.staged.clear();
+        let mut used = 0u64;
+        while next < s.pieces.len() {
+            let (i, off, n) = s.pieces[next];
+            let room = n.div_ceil(8) * 8;
+            let slot = s.owners[i];
+            if used + room > STAGING as u64 || s.works[slot].len() >= DEPTH {
+                break;
+            }
+            let a = &accesses[i];
+            if let Access::Write { data, .. } = a {
+                let (b, e) = (off as usize, (off + n) as usize);
+                self.staging.mapping.write(used as usize, &data[b..e]);
+            }
+            let conn = self
+                .conns
+                .get(slot)
+                .unwrap_or_else(|| unreachable!("connected"));
+            let op = match a {
+                Access::Read { .. } => Op::Read,
+                Access::Write { .. } => Op::Write,
+                Access::CompareSwap { old, new, .. } => Op::CompareSwap {
+                    compare: *old,
+                    swap: *new,
+                },
+                Access::FetchAdd { add, .. } => Op::FetchAdd { add: *add },
+            };
+            if s.works[slot].is_empty() {
+                s.active.push(slot);
+            }
+            s.works[slot].push(Work {
+                id: next as u64,
+                op,
+                offset: used,
+                len: n as u32,
+                remote: conn.offer.addr + (a.addr() + off - conn.offer.base),
+                rkey: conn.offer.rkey,
+            });
+            s.staged.push((next, used));
+            used += room;
+            next += 1;
+        }
+        next
+    }
+
+    /// Post the round's requests, each owner's as one list, and wait for them. A failed queue
+    /// pair is in the error state: every one that failed (or timed out) in the round is dropped,
+    /// not only the first; the next access to each reconnects. The error names the earliest
+    /// failed piece.
+    fn post_round(&mut self, s: &mut Scratch, accesses: &[Access<'_>]) -> Result<()> {
+        s.posted.clear();
+        s.failures.clear();
+        for &slot in &s.active {
+            let ws = &s.works[slot];
+            let conn = self.conns.get_mut(slot).unwrap_or_else(|| unreachable!());
+            let accepted = match conn.qp.post(&self.staging, ws) {
+                Ok(()) => ws.len(),
+                Err(e) => {
+                    let refused = ws[e.accepted.min(ws.len() - 1)].id;
+                    s.failures
+                        .push((slot, refused, format!("post failed: {}", e.reason)));
+                    e.accepted
+                }
+            };
+            // Only what the HCA took counts, and is waited for before staging is reused.
+            self.stats.posted += accepted as u64;
+            if accepted > 0 {
+                s.posted.push((slot, accepted, ws[0].id));
+            }
+        }
+        for &(slot, n, first) in &s.posted {
+            let conn = self.conns.get_mut(slot).unwrap_or_else(|| unreachable!());
+            if let Some((id, status)) = conn.qp.complete(n, COMPLETION_TIMEOUT).into_iter().next() {
+                s.failures
+                    .push((slot, if id == u64::MAX { first } else { id }, status));
+            }
+        }
+        if s.failures.is_empty() {
+            return Ok(());
+        }
+        s.failures.sort_by_key(|f| f.1);
+        let mut first = None;
+        for (slot, piece, status) in s.failures.drain(..) {
+            if let Some((pod, c)) = self.conns.remove(slot) {
+                if first.is_none() {
+                    first = Some((pod.clone(), piece, status));
+                }
+                self.dropped.insert(pod, c.uid);
+            }
+        }
+        let (owner, piece, status) = first.unwrap_or_else(|| unreachable!("a failure"));
+        let (i, off, _) = s.pieces[piece as usize];
+        Err(DsmError::Transport {
+            addr: accesses[i].addr() + off,
+            owner,
+            status,
+        })
+    }
+
+    /// The slot of a live connection to the owner of [`addr`, +`len`): the cached one when it
+    /// is still the pod the directory names, else a new one.
+    fn owner_slot(&mut self, addr: u64, len: u64) -> Result<usize> {
+        let e = self.directory.owner(addr, len)?;
+        if let Some(slot) = self
+            .conns
+            .slot(&e.pod)
+            .filter(|&slot| self.conns.get(slot).is_some_and(|c| c.serves(e)))
+        {
+            return Ok(slot);
+        }
+        let e = e.clone();
+        self.connect(&e, addr)
+    }
+
     /// Ensure a live connection to the owner `e`, checking its uid against the directory: a cached
     /// connection to another pod instance is dropped, never used. `addr` is the address accessed,
     /// which any error names.
-    fn connect(&mut self, e: &DirectoryEntry, addr: u64) -> Result<()> {
-        if let Some(c) = self.conns.get(&e.pod) {
-            if e.uid.as_ref().is_none_or(|u| *u == c.uid)
-                && c.offer.base == e.base
-                && c.offer.size == e.size
-            {
-                return Ok(());
+    fn connect(&mut self, e: &DirectoryEntry, addr: u64) -> Result<usize> {
+        if let Some(slot) = self.conns.slot(&e.pod) {
+            if let Some(c) = self.conns.get(slot) {
+                if c.serves(e) {
+                    return Ok(slot);
+                }
+                tracing::info!(pod = %e.pod, old = %c.uid, new = ?e.uid, "owner replaced: dropping its connection");
             }
-            tracing::info!(pod = %e.pod, old = %c.uid, new = ?e.uid, "owner replaced: dropping its connection");
-            self.conns.remove(&e.pod);
+            self.conns.remove(slot);
             self.stats.reconnects += 1;
         } else if self.dropped.remove(&e.pod).is_some() {
             self.stats.reconnects += 1;
@@ -570,16 +634,15 @@ impl Dsm {
         qp.connect(offer.qp).map_err(local)?;
         tracing::debug!(pod = %e.pod, %uid, qpn = offer.qp.qpn, "connected");
         self.stats.connects += 1;
-        self.conns.insert(
-            e.pod.clone(),
+        Ok(self.conns.insert(
+            &e.pod,
             Conn {
                 uid,
                 offer,
                 qp,
                 stream,
             },
-        );
-        Ok(())
+        ))
     }
 
     fn refresh_if_due(&mut self) {
@@ -599,16 +662,12 @@ impl Dsm {
         }
         // A cached owner whose endpoint closed its stream has gone away: drop it now rather than
         // wait for a transport timeout.
-        let closed: Vec<String> = self
-            .conns
-            .iter()
-            .filter(|(_, c)| peer_closed(&c.stream))
-            .map(|(p, _)| p.clone())
-            .collect();
-        for p in closed {
-            tracing::info!(pod = %p, "owner closed its endpoint: dropping the connection");
-            if let Some(c) = self.conns.remove(&p) {
-                self.dropped.insert(p, c.uid);
+        for slot in 0..self.conns.slots() {
+            if self.conns.get(slot).is_some_and(|c| peer_closed(&c.stream))
+                && let Some((pod, c)) = self.conns.remove(slot)
+            {
+                tracing::info!(%pod, "owner closed its endpoint: dropping the connection");
+                self.dropped.insert(pod, c.uid);
             }
         }
     }

@@ -52,6 +52,7 @@
 pub mod auth;
 pub mod client;
 pub mod config;
+mod conn_cache;
 pub mod directory;
 pub mod endpoint;
 pub mod error;

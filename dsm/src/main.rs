@@ -3,6 +3,10 @@
 
 mod cli;
 
+/// Counts allocations (`probe` reports those of the hot path).
+#[global_allocator]
+static ALLOC: &stats_alloc::StatsAlloc<std::alloc::System> = &stats_alloc::INSTRUMENTED_SYSTEM;
+
 fn main() -> std::process::ExitCode {
     cli::main()
 }

@@ -86,37 +86,38 @@ pub(crate) fn send_wr(w: &Work, sge: *mut ibv::Sge) -> ibv::SendWr {
 }
 
 /// The linked work requests of one post, with their scatter/gather entries. The requests point
-/// at each other and into the entries, inside the two vectors' heap buffers (which moving the
-/// vectors does not move): neither changes until the post returns.
+/// at each other and into the entries, inside the two vectors' heap buffers: [`Requests::fill`]
+/// rebuilds every pointer, and neither buffer changes until the post returns. A queue pair keeps
+/// one and refills it per post, so a post allocates nothing once the buffers have grown.
+#[derive(Default)]
 pub(crate) struct Requests {
-    _sges: Vec<ibv::Sge>,
+    sges: Vec<ibv::Sge>,
     wrs: Vec<ibv::SendWr>,
 }
 
-/// The requests for `works`, whose local sides lie at `base` + offset under `lkey`.
-pub(crate) fn requests(works: &[Work], base: u64, lkey: u32) -> Requests {
-    let mut sges: Vec<ibv::Sge> = works
-        .iter()
-        .map(|w| ibv::Sge {
+impl Requests {
+    /// The requests for `works`, whose local sides lie at `base` + offset under `lkey`.
+    pub(crate) fn fill(&mut self, works: &[Work], base: u64, lkey: u32) {
+        self.sges.clear();
+        self.sges.extend(works.iter().map(|w| ibv::Sge {
             addr: base + w.offset,
             length: w.len,
             lkey,
-        })
-        .collect();
-    let at = sges.as_mut_ptr();
-    let mut wrs: Vec<ibv::SendWr> = works
-        .iter()
-        .enumerate()
-        .map(|(i, w)| send_wr(w, at.wrapping_add(i)))
-        .collect();
-    let first = wrs.as_mut_ptr();
-    for i in 1..wrs.len() {
-        wrs[i - 1].next = first.wrapping_add(i);
+        }));
+        let at = self.sges.as_mut_ptr();
+        self.wrs.clear();
+        self.wrs.extend(
+            works
+                .iter()
+                .enumerate()
+                .map(|(i, w)| send_wr(w, at.wrapping_add(i))),
+        );
+        let first = self.wrs.as_mut_ptr();
+        for i in 1..self.wrs.len() {
+            self.wrs[i - 1].next = first.wrapping_add(i);
+        }
     }
-    Requests { _sges: sges, wrs }
-}
 
-impl Requests {
     /// The head of the list, as `ibv_post_send` takes it.
     pub(crate) fn first(&mut self) -> *mut ibv::SendWr {
         self.wrs.as_mut_ptr()
@@ -307,7 +308,11 @@ mod tests {
             work(Op::Write),
             work(Op::FetchAdd { add: 1 }),
         ];
-        let mut list = requests(&works, 0x7000, 42);
+        let mut list = Requests::default();
+        // Refilled (as a queue pair does per post): the longer first list leaves nothing behind.
+        list.fill(&[work(Op::Write); 5], 0, 7);
+        list.fill(&works, 0x7000, 42);
+        assert_eq!((list.wrs.len(), list.sges.len()), (3, 3));
         let first = list.first();
         for (i, wr) in list.wrs.iter().enumerate() {
             let next = if i + 1 < works.len() {
@@ -316,15 +321,16 @@ mod tests {
                 null_mut()
             };
             assert_eq!(wr.next, next, "request {i}");
-            assert_eq!(wr.sg_list.cast_const(), list._sges.as_ptr().wrapping_add(i));
-            let sge = list._sges[i];
+            assert_eq!(wr.sg_list.cast_const(), list.sges.as_ptr().wrapping_add(i));
+            let sge = list.sges[i];
             assert_eq!((sge.addr, sge.length, sge.lkey), (0x7010, 8, 42));
         }
     }
 
     #[test]
     fn a_partly_refused_post_counts_the_requests_before_the_refused_one() {
-        let mut list = requests(&[work(Op::Read); 4], 0, 1);
+        let mut list = Requests::default();
+        list.fill(&[work(Op::Read); 4], 0, 1);
         let first = list.first();
         assert_eq!(list.accepted_before(first.wrapping_add(2)), 2);
         assert_eq!(list.accepted_before(first.wrapping_add(3)), 3);

@@ -528,6 +528,7 @@ impl Hca {
             gid: self.gid,
             mtu,
             tc: self.traffic_class,
+            requests: transport::Requests::default(),
         })
     }
 }
@@ -560,7 +561,13 @@ pub struct Qp {
     gid: Ipv6Addr,
     mtu: u32,
     tc: u8,
+    /// The work request list, refilled per post (no allocation once grown).
+    requests: transport::Requests,
 }
+
+// SAFETY: the request list's raw pointers point only into its own heap buffers, which every
+// post rebuilds before handing them to libibverbs; nothing else holds them between posts.
+unsafe impl Send for transport::Requests {}
 
 impl Qp {
     fn provider(&self) -> &Provider {
@@ -609,19 +616,21 @@ impl Qp {
             works.iter().all(|w| w.offset + u64::from(w.len) <= room),
             "staging overflow"
         );
-        let mut list = transport::requests(works, staging.mapping.addr(), staging.lkey());
+        let list = &mut self.requests;
+        list.fill(works, staging.mapping.addr(), staging.lkey());
         let mut bad: *mut ibv::SendWr = null_mut();
         // SAFETY: a live QP; the list and its entries stay alive and unmoved during the call
         // (the provider copies them into the send queue). Each local range lies inside the
         // registered staging mapping (asserted above), which outlives the requests: callers wait
         // for every completion before reusing it.
-        let (post_send, first) = (self.provider().post_send, list.first());
+        let first = list.first();
+        let post_send = self.provider().post_send;
         let rc = unsafe { post_send(self.qp.ptr.as_ptr(), first, &mut bad) };
         if rc == 0 {
             return Ok(());
         }
         Err(PostError {
-            accepted: list.accepted_before(bad),
+            accepted: self.requests.accepted_before(bad),
             reason: rc_error(rc).to_string(),
         })
     }

@@ -37,11 +37,15 @@ struct Row {
     node: Option<String>,
     read_p50_us: f64,
     read_p99_us: f64,
+    /// Heap allocations per 8-byte read, connected (the hot path makes none).
+    read_allocs_per_op: f64,
     read_mib_s: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     write_p50_us: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     write_p99_us: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    write_allocs_per_op: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     write_mib_s: Option<f64>,
 }
@@ -51,10 +55,13 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted.get(i).copied().unwrap_or(0.0)
 }
 
-fn latencies(dsm: &mut Dsm, addr: u64, n: usize, write: bool) -> Result<(f64, f64)> {
+/// The 8-byte latency (p50, p99 in microseconds) of `n` accesses at `addr`, and the heap
+/// allocations each made.
+fn latencies(dsm: &mut Dsm, addr: u64, n: usize, write: bool) -> Result<Latency> {
     let mut word = [0u8; 8];
     dsm.read(addr, &mut word)?; // connect outside the timing
     let mut samples = Vec::with_capacity(n);
+    let counted = stats_alloc::Region::new(crate::ALLOC);
     for _ in 0..n {
         let t = Instant::now();
         if write {
@@ -64,8 +71,19 @@ fn latencies(dsm: &mut Dsm, addr: u64, n: usize, write: bool) -> Result<(f64, f6
         }
         samples.push(t.elapsed().as_secs_f64() * 1e6);
     }
+    let allocs = counted.change().allocations;
     samples.sort_by(f64::total_cmp);
-    Ok((percentile(&samples, 0.5), percentile(&samples, 0.99)))
+    Ok(Latency {
+        p50: percentile(&samples, 0.5),
+        p99: percentile(&samples, 0.99),
+        allocs_per_op: allocs as f64 / n.max(1) as f64,
+    })
+}
+
+struct Latency {
+    p50: f64,
+    p99: f64,
+    allocs_per_op: f64,
 }
 
 fn bandwidth(dsm: &mut Dsm, addr: u64, size: u64, requests: usize, write: bool) -> Result<f64> {
@@ -126,26 +144,27 @@ pub fn run(dsm: &mut Dsm, args: &Args, out: &mut impl Write) -> Result<()> {
     let mut rows = Vec::new();
     for e in peers {
         let size = args.size.min(e.size).max(1);
-        let (r50, r99) = latencies(dsm, e.base, args.iterations, false)?;
+        let read = latencies(dsm, e.base, args.iterations, false)?;
         let read_bw = bandwidth(dsm, e.base, size, args.requests, false)?;
-        let (w50, w99, write_bw) = if args.write {
-            let (a, b) = latencies(dsm, e.base, args.iterations, true)?;
+        let (write, write_bw) = if args.write {
+            let w = latencies(dsm, e.base, args.iterations, true)?;
             (
-                Some(a),
-                Some(b),
+                Some(w),
                 Some(bandwidth(dsm, e.base, size, args.requests, true)?),
             )
         } else {
-            (None, None, None)
+            (None, None)
         };
         rows.push(Row {
             pod: e.pod,
             node: e.node,
-            read_p50_us: r50,
-            read_p99_us: r99,
+            read_p50_us: read.p50,
+            read_p99_us: read.p99,
+            read_allocs_per_op: read.allocs_per_op,
             read_mib_s: read_bw,
-            write_p50_us: w50,
-            write_p99_us: w99,
+            write_p50_us: write.as_ref().map(|w| w.p50),
+            write_p99_us: write.as_ref().map(|w| w.p99),
+            write_allocs_per_op: write.as_ref().map(|w| w.allocs_per_op),
             write_mib_s: write_bw,
         });
     }
