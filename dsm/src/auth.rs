@@ -95,6 +95,8 @@ pub enum Side {
     Owner,
     /// The owner's offer (its queue pair, where the window is and its rkey).
     Offer,
+    /// Not a proof: the one-time pad that hides the offer's address and rkey on the wire.
+    Seal,
 }
 
 /// What both ends agree on before either proves anything.
@@ -116,6 +118,7 @@ impl Transcript<'_> {
             Side::Initiator => b"rocefabric-dsm/2 initiator proof",
             Side::Owner => b"rocefabric-dsm/2 owner proof",
             Side::Offer => b"rocefabric-dsm/2 owner offer",
+            Side::Seal => b"rocefabric-dsm/3 offer seal",
         };
         let mut out = Vec::with_capacity(256);
         for field in [
@@ -139,6 +142,15 @@ impl Transcript<'_> {
     /// `side`'s proof (hex) of this transcript and `bound`: HMAC-SHA256 under the fabric key.
     pub fn prove(&self, key: &FabricKey, side: Side, bound: &[u8]) -> String {
         hex(hmac::sign(&key.0, &self.bytes(side, bound)).as_ref())
+    }
+
+    /// 32 bytes that only holders of the key who saw this exchange can compute (fresh nonces on
+    /// both sides make them new for every exchange): a one-time pad for the offer's secrets.
+    pub fn pad(&self, key: &FabricKey) -> [u8; 32] {
+        let tag = hmac::sign(&key.0, &self.bytes(Side::Seal, &[]));
+        let mut pad = [0u8; 32];
+        pad.copy_from_slice(&tag.as_ref()[..32]);
+        pad
     }
 
     /// Whether `proof` is `side`'s proof of this transcript and `bound` (compared in constant

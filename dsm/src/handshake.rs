@@ -126,8 +126,8 @@ pub fn initiate<Q, E>(
     let (qp, address) = make_qp().map_err(Failed::Local)?;
     send(stream, &Response::Prove(exchange.prove(us, address))).map_err(gone)?;
     match recv(stream, deadline, "offer").map_err(gone)? {
-        Reply::Accept(offer) => {
-            exchange.check_offer(us, &offer).map_err(gone)?;
+        Reply::Accept(sealed) => {
+            let offer = exchange.check_offer(us, &sealed).map_err(gone)?;
             Ok((qp, offer, challenge.uid))
         }
         Reply::Refuse(why) => Err(gone(format!("refused: {why}"))),

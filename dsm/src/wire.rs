@@ -27,7 +27,7 @@ use crate::auth::{Identity, Member, Nonce, Side, Transcript};
 use crate::directory::Directory;
 
 /// Protocol version; a peer speaking another is refused (1: no authentication).
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 
 /// Largest line either side reads, so a stray client cannot make the owner buffer without end.
 pub const MAX_LINE: usize = 4096;
@@ -123,7 +123,9 @@ pub struct Offer {
     /// The window in the fabric's address space.
     pub base: u64,
     pub size: u64,
-    /// Where the window is registered in the owner's process, and its remote key.
+    /// Where the window is registered in the owner's process, and its remote key: on the wire,
+    /// sealed under the exchange's one-time pad ([`Exchange::sign`]), so that watching the pod
+    /// network does not give them away.
     pub addr: u64,
     pub rkey: u32,
     /// The owner's proof over the exchange and the fields above (hex; empty until signed).
@@ -197,24 +199,40 @@ impl Exchange {
         }
     }
 
-    /// The owner's offer, signed for this exchange.
+    /// The owner's offer, signed for this exchange, its address and rkey sealed (the proof covers
+    /// them in the clear, so a changed sealed value fails the check).
     pub fn sign(&self, us: &Identity, mut offer: Offer) -> Offer {
         offer.proof = String::new();
         offer.proof = self
             .transcript()
             .prove(&us.key, Side::Offer, &bound(&offer));
+        self.seal(us, offer)
+    }
+
+    /// XOR the offer's address and rkey with this exchange's pad (sealing and opening alike).
+    fn seal(&self, us: &Identity, mut offer: Offer) -> Offer {
+        let pad = self.transcript().pad(&us.key);
+        let word = |at: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&pad[at..at + 8]);
+            u64::from_le_bytes(w)
+        };
+        offer.addr ^= word(0);
+        offer.rkey ^= word(8) as u32;
         offer
     }
 
-    /// The initiator checks that the offer comes from the owner it authenticated, unchanged.
-    pub fn check_offer(&self, us: &Identity, offer: &Offer) -> Result<(), String> {
+    /// The initiator opens the offer and checks that it comes from the owner it authenticated,
+    /// unchanged; `Ok` holds the opened offer.
+    pub fn check_offer(&self, us: &Identity, sealed: &Offer) -> Result<Offer, String> {
+        let opened = self.seal(us, sealed.clone());
         let unsigned = Offer {
             proof: String::new(),
-            ..offer.clone()
+            ..opened.clone()
         };
         let t = self.transcript();
-        if t.verify(&us.key, Side::Offer, &bound(&unsigned), &offer.proof) {
-            Ok(())
+        if t.verify(&us.key, Side::Offer, &bound(&unsigned), &opened.proof) {
+            Ok(opened)
         } else {
             Err(format!(
                 "the offer of pod {} ({}) does not carry its proof for this exchange",
@@ -528,10 +546,22 @@ pub(crate) mod tests {
             proof: String::new(),
         };
         let signed = at_owner.sign(&b, offer.clone());
-        assert_eq!(at_initiator.check_offer(&a, &signed), Ok(()));
+        // On the wire the address and rkey are sealed: what a watcher of the pod network sees is
+        // not the window's; the initiator holding the key opens them.
+        assert_ne!((signed.addr, signed.rkey), (offer.addr, offer.rkey));
+        assert_eq!(
+            (signed.qp, signed.base, signed.size),
+            (offer.qp, offer.base, offer.size)
+        );
+        let opened = at_initiator.check_offer(&a, &signed).unwrap();
+        assert_eq!((opened.addr, opened.rkey), (0x7000, 42));
         assert!(at_initiator.check_offer(&a, &offer).is_err(), "unsigned");
+        // The same offer to another exchange is sealed under another pad.
+        let (again, _) = check_hello(&h, &b, &directory, Nonce::fresh()).unwrap();
+        let resealed = again.sign(&b, offer.clone());
+        assert_ne!((resealed.addr, resealed.rkey), (signed.addr, signed.rkey));
         let changed = Offer {
-            rkey: 43,
+            rkey: signed.rkey ^ 1,
             ..signed.clone()
         };
         let why = at_initiator.check_offer(&a, &changed).unwrap_err();
