@@ -230,6 +230,20 @@ cli_data() {
   head -c 2200000 /dev/zero | $A write --addr b2+0x1000 --file -; echo "too long: exit $?"
   $A read --addr b2+0x10000 --len 6
 }
+# intruder UID: a process on vm-a (10.88.1.9) that copied a1's name, uid and region file from
+# the directory reads b2's window: first holding another namespace's key (a pod of namespace
+# "other"), then a forged key in the fabric's namespace. Both must be refused, saying why.
+intruder() {
+  pod x1 10.88.1.9 || return 1
+  mkdir -p /tmp/dsm/other /tmp/dsm/forged
+  printf '%s' 'another-namespace-fabric-key-32b' >/tmp/dsm/other/key && echo other >/tmp/dsm/other/namespace
+  printf '%s' 'a-forged-key-in-the-same-ns-32by' >/tmp/dsm/forged/key && echo default >/tmp/dsm/forged/namespace
+  for k in other forged; do
+    env POD_NAME=a1 POD_UID=$1 ROCEFABRIC_REGION_FILE=/tmp/dsm/a1.region ROCEFABRIC_KEY_DIR=/tmp/dsm/$k \
+      $IP netns exec x1 $D read --addr b2+0x10000 --len 8
+    echo "intruder with the $k key: exit $?"
+  done
+}
 # set_directory FILE: replace the mounted directory atomically, as the kubelet does.
 set_directory() { cp "$1" /tmp/dsm/regions.tmp && mv /tmp/dsm/regions.tmp /tmp/dsm/regions.json; }
 mkdir -p /tmp/dsm/key
@@ -332,6 +346,7 @@ fn scenario(a_side: bool, p: &Planned) -> String {
              section write-bw-$round cat /tmp/bw\n\
              done\n\
              section cli-data cli_data {a1}\n\
+             section intruder intruder {a1}\n\
              section release env POD_NAME=a1 POD_UID={a1} ROCEFABRIC_REGION_FILE=/tmp/dsm/a1.region $IP netns exec a1 $D write --addr b2+0x1f0030 --word 1\n\
              exit 0\n",
             uid("a1"),
@@ -345,7 +360,7 @@ fn scenario(a_side: bool, p: &Planned) -> String {
         out += &format!(
             "session b1 {} & B1=$!\nsession b2 {} & B2=$!\nwait $B1\n\
              set_directory /tmp/dsm/dir2.json\n\
-             POD_NAME=b1 POD_UID={} ROCEFABRIC_REGION_FILE=/tmp/dsm/b1-new.region $IP netns exec b1n $D session \
+             env -u ROCEFABRIC_LOG POD_NAME=b1 POD_UID={} ROCEFABRIC_REGION_FILE=/tmp/dsm/b1-new.region $IP netns exec b1n $D session \
                </tmp/dsm/b1-new.in >/tmp/dsm/b1-new.out 2>/tmp/dsm/b1-new.err & BN=$!\n\
              section old-b1-gone env POD_NAME=b2 POD_UID={} ROCEFABRIC_REGION_FILE=/tmp/dsm/b2.region $IP netns exec b2 $D write --addr a1+0x1f0020 --word 1\n\
              wait $BN\n\
@@ -583,6 +598,55 @@ fn a_restarted_owner_is_reached_anew_and_never_through_the_old_connection() {
 }
 
 #[test]
+fn a_process_without_the_namespaces_key_is_refused_and_the_owner_logs_who_came() {
+    let Some((a, b)) =
+        runs("a_process_without_the_namespaces_key_is_refused_and_the_owner_logs_who_came")
+    else {
+        return;
+    };
+    // It knows a1's name, uid and window (all in the directory ConfigMap) and reaches the port.
+    let out = a.section("intruder").output;
+    assert!(
+        out.contains("intruder with the other key: exit 1")
+            && out.contains(r#"namespace "other" (this pod is in "default")"#),
+        "another namespace's pod is refused on its namespace:\n{out}"
+    );
+    assert!(
+        out.contains("intruder with the forged key: exit 1")
+            && out.contains(
+                r#"did not prove holding the fabric key of "dsm" in namespace "default""#
+            ),
+        "a forged key is caught before the intruder learns any rkey:\n{out}"
+    );
+    assert!(!out.contains("\"head\""), "{out}");
+    // The owner says why on its side, naming where the attempt came from.
+    let b2 = b.section("b2").output;
+    let refusals: Vec<&str> = b2
+        .lines()
+        .filter(|l| l.contains("10.88.1.9") && l.contains("peer refused or failed"))
+        .collect();
+    assert_eq!(refusals.len(), 2, "{b2}");
+    assert!(refusals[0].contains(r#"namespace "other""#), "{b2}");
+    assert!(refusals[1].contains("turned this pod down"), "{b2}");
+    // At its default log level, an owner records every peer it admitted: who, from where, which
+    // window (the new b1 ran without ROCEFABRIC_LOG).
+    let b1 = b.section("b1-new").output;
+    let admitted = b1
+        .lines()
+        .find(|l| l.contains("peer admitted"))
+        .unwrap_or_else(|| panic!("no admission logged:\n{b1}"));
+    for field in [
+        "namespace=default",
+        "pod=a1",
+        "uid=00000000-0000-4000-8000-0000000000a1",
+        "from=10.88.1.2:",
+        "window=b1",
+    ] {
+        assert!(admitted.contains(field), "{field} in {admitted}");
+    }
+}
+
+#[test]
 fn the_cli_moves_files_and_pipes_of_any_length_and_refuses_what_does_not_fit() {
     let Some((a, _)) =
         runs("the_cli_moves_files_and_pipes_of_any_length_and_refuses_what_does_not_fit")
@@ -631,6 +695,12 @@ fn probe_figures_are_non_zero_and_within_3x_of_perftest() {
         ] {
             assert!(f(k) > 0.0, "{k} in {row}");
         }
+        // A connected 8-byte access makes no heap allocation (the binary's allocator counts).
+        assert_eq!(
+            (f("readAllocsPerOp"), f("writeAllocsPerOp")),
+            (0.0, 0.0),
+            "{row}"
+        );
         assert!(f("readP99Us") >= f("readP50Us"), "{row}");
         assert!(f("writeP99Us") >= f("writeP50Us"), "{row}");
         // ib_read_lat: #bytes #iterations t_min t_max t_typical ...; ib_write_bw: #bytes

@@ -129,7 +129,8 @@ struct WriteData {
 pub fn main() -> ExitCode {
     rocefabric_runtime::logging::init(
         "ROCEFABRIC_LOG",
-        "warn",
+        // Who reached this pod's memory is an audit trail, shown unless turned off.
+        "warn,rocefabric_dsm::endpoint=info",
         rocefabric_runtime::logging::Format::Text,
     );
     let cli = Cli::parse();
