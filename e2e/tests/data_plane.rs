@@ -244,6 +244,22 @@ intruder() {
     echo "intruder with the $k key: exit $?"
   done
 }
+# dead_holder A1UID A2UID: a2's process takes the lock word in b2's window and is killed (-9)
+# holding it; a1 then takes the lock, which it may only break after the lease (10 s).
+dead_holder() {
+  A1="env POD_NAME=a1 POD_UID=$1 ROCEFABRIC_REGION_FILE=/tmp/dsm/a1.region $IP netns exec a1 $D"
+  echo "hold-lock b2+0x100200 600000" | env POD_NAME=a2 POD_UID=$2 ROCEFABRIC_REGION_FILE=/tmp/dsm/a2.region \
+    $IP netns exec a2 $D session >/tmp/dsm/holder.out 2>&1 &
+  H=$!
+  i=0; w=0000000000000000
+  while [ "$w" = 0000000000000000 ]; do
+    i=$((i+1)); [ $i -gt 300 ] && return 1
+    sleep 0.2; w=$($A1 read --addr b2+0x100200 --len 8) || return 2
+  done
+  echo "held: $w"
+  kill -9 $H; wait $H 2>/dev/null
+  echo "locked-write b2+0x100200 b2+0x100240 8 1 21" | $A1 session 2>&1
+}
 # set_directory FILE: replace the mounted directory atomically, as the kubelet does.
 set_directory() { cp "$1" /tmp/dsm/regions.tmp && mv /tmp/dsm/regions.tmp /tmp/dsm/regions.json; }
 mkdir -p /tmp/dsm/key
@@ -347,11 +363,13 @@ fn scenario(a_side: bool, p: &Planned) -> String {
              done\n\
              section cli-data cli_data {a1}\n\
              section intruder intruder {a1}\n\
+             section dead-holder dead_holder {a1} {a2}\n\
              section release env POD_NAME=a1 POD_UID={a1} ROCEFABRIC_REGION_FILE=/tmp/dsm/a1.region $IP netns exec a1 $D write --addr b2+0x1f0030 --word 1\n\
              exit 0\n",
             uid("a1"),
             uid("a2"),
             a1 = uid("a1"),
+            a2 = uid("a2"),
         );
     } else {
         out += &format!("pod b1n {} || exit 12\n", B1_NEW.2);
@@ -644,6 +662,49 @@ fn a_process_without_the_namespaces_key_is_refused_and_the_owner_logs_who_came()
     ] {
         assert!(admitted.contains(field), "{field} in {admitted}");
     }
+}
+
+#[test]
+fn a_lock_whose_holder_was_killed_is_broken_after_the_lease_and_not_before() {
+    let Some((a, _)) =
+        runs("a_lock_whose_holder_was_killed_is_broken_after_the_lease_and_not_before")
+    else {
+        return;
+    };
+    let s = a.section("dead-holder");
+    let out = &s.output;
+    assert_eq!(s.rc, 0, "{out}");
+    // The word the killed holder left (little-endian hex): its pod's uid hash over its epoch.
+    let held = out
+        .lines()
+        .find_map(|l| l.strip_prefix("held: "))
+        .unwrap_or_else(|| panic!("the holder never took the lock:\n{out}"));
+    let bytes: Vec<u8> = (0..held.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&held[i..i + 2], 16).unwrap())
+        .collect();
+    let word = u64::from_le_bytes(bytes.try_into().unwrap());
+    let broke = out
+        .lines()
+        .find(|l| l.contains("broke a lock held past its lease"))
+        .unwrap_or_else(|| panic!("no lock broken:\n{out}"));
+    assert!(
+        broke.contains(&format!("holder={}", word >> 32))
+            && broke.contains(&format!("epoch={}", word & 0xffff_ffff)),
+        "the lock broken is the dead holder's: {held} vs {broke}"
+    );
+    let answer: Value = out
+        .lines()
+        .find_map(|l| {
+            serde_json::from_str::<Value>(l)
+                .ok()
+                .filter(|v| v.get("n").is_some())
+        })
+        .unwrap_or_else(|| panic!("no answer:\n{out}"));
+    ok(&answer);
+    assert_eq!(answer["torn"], 0, "{answer}");
+    // Never before the lease: a live holder's lock is never broken early.
+    assert!(answer["ms"].as_f64().unwrap() >= 10_000.0, "{answer}");
 }
 
 #[test]

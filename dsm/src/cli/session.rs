@@ -27,6 +27,7 @@ answers with one JSON line {\"n\", \"cmd\", \"ok\", \"error\"?, ...}. ADDR is a 
   wait-local OFFSET VALUE [MS] wait until this pod's word at OFFSET equals VALUE (CPU polling)
   locked-write LOCK REC WORDS ROUNDS ID   ROUNDS times: take the lock, write WORDS equal words
   locked-read LOCK REC WORDS ROUNDS ID    ROUNDS times: take the lock, read; \"torn\" counts mixed records
+  hold-lock LOCK MS            take the lock and hold it for MS (a holder that may be killed)
   reach ADDR [MS]              retry until the owner of ADDR answers
   sleep MS | echo TEXT | stats";
 
@@ -201,6 +202,14 @@ fn step(dsm: &mut Dsm, w: &[&str]) -> Result<Value> {
                 }
             }
             json!({ "rounds": rounds, "torn": torn })
+        }
+        "hold-lock" => {
+            let (lock, ms) = (addr(dsm, 1)?, num(2, "MS")?);
+            dsm.with_lock(lock, LOCK_LEASE, |_| {
+                std::thread::sleep(Duration::from_millis(ms));
+                Ok(())
+            })?;
+            json!({ "lock": lock, "held_ms": ms })
         }
         "reach" => {
             // Wait until the owner of ADDR answers (it may still be starting).
