@@ -3,12 +3,14 @@
 //! owner's CPU takes part: once a peer is connected, its reads, writes and atomics land in the
 //! window without this process seeing them.
 //!
-//! Bounded: at most [`Limits::max_peers`] connections (and so threads and queue pairs) at once, a
-//! connection over the cap is refused at once; the whole handshake has a deadline; a peer that
+//! Bounded: at most [`Limits::max_peers`] connections (and so threads and queue pairs) at once,
+//! and [`Limits::max_per_source`] from one address, so that one pod cannot hold every slot; a
+//! connection over a cap is refused at once; the whole handshake has a deadline; a peer that
 //! sends nothing (not even its keepalive) for the idle timeout is dropped and its queue pair freed.
 
+use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -59,6 +61,9 @@ pub struct Owner {
 pub struct Limits {
     /// Connections served at once (each holds a thread and a queue pair).
     pub max_peers: usize,
+    /// Connections served at once from one address (a pod's processes share its IP; each
+    /// initiator holds one connection per owner).
+    pub max_per_source: usize,
     /// How long a peer has for the whole handshake.
     pub handshake: Duration,
     /// A connected peer that sends nothing for this long is dropped (initiators send a keepalive
@@ -73,6 +78,7 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_peers: 256,
+            max_per_source: 32,
             handshake: Duration::from_secs(5),
             idle: KEEPALIVE * 6,
         }
@@ -94,6 +100,8 @@ struct Counts {
     busy: AtomicU64,
     active: AtomicUsize,
     peak: AtomicUsize,
+    /// Connections being served per source address.
+    sources: Mutex<HashMap<IpAddr, usize>>,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -213,12 +221,32 @@ impl Drop for Endpoint {
     }
 }
 
-/// One slot of the cap, given back when the connection's thread ends (or never started).
-struct Slot(Arc<Counts>);
+/// One slot of the cap (and of its source's), given back when the connection's thread ends (or
+/// never started).
+struct Slot(Arc<Counts>, IpAddr);
+
+impl Slot {
+    /// Take a slot for a connection from `ip`; with it, how many the endpoint and that source
+    /// now serve.
+    fn take(counts: &Arc<Counts>, ip: IpAddr) -> (Slot, usize, usize) {
+        let active = counts.active.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut sources = counts.sources.lock().unwrap_or_else(|p| p.into_inner());
+        let from = sources.entry(ip).or_default();
+        *from += 1;
+        (Slot(Arc::clone(counts), ip), active, *from)
+    }
+}
 
 impl Drop for Slot {
     fn drop(&mut self) {
         self.0.active.fetch_sub(1, Ordering::Relaxed);
+        let mut sources = self.0.sources.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = sources.get_mut(&self.1) {
+            *n -= 1;
+            if *n == 0 {
+                sources.remove(&self.1);
+            }
+        }
     }
 }
 
@@ -228,12 +256,24 @@ fn accept_loop<W: Window>(listener: TcpListener, shared: Arc<Shared<W>>) {
         match listener.accept() {
             Ok((stream, peer)) => {
                 counts.connections.fetch_add(1, Ordering::Relaxed);
-                let active = counts.active.fetch_add(1, Ordering::Relaxed) + 1;
-                let slot = Slot(Arc::clone(counts));
-                if active > shared.limits.max_peers {
+                let (slot, active, from_source) = Slot::take(counts, peer.ip());
+                let limits = &shared.limits;
+                if active > limits.max_peers || from_source > limits.max_per_source {
                     counts.busy.fetch_add(1, Ordering::Relaxed);
-                    refuse_busy(&stream, shared.limits.max_peers);
-                    tracing::warn!(%peer, cap = shared.limits.max_peers, "refused: at the connection cap");
+                    let why = if active > limits.max_peers {
+                        format!(
+                            "this pod serves {} connections already (its cap)",
+                            limits.max_peers
+                        )
+                    } else {
+                        format!(
+                            "this pod serves {} connections from {} already (its cap per source)",
+                            limits.max_per_source,
+                            peer.ip()
+                        )
+                    };
+                    tracing::warn!(%peer, "refused: {why}");
+                    refuse_busy(&stream, why);
                     continue;
                 }
                 counts.peak.fetch_max(active, Ordering::Relaxed);
@@ -247,7 +287,10 @@ fn accept_loop<W: Window>(listener: TcpListener, shared: Arc<Shared<W>>) {
                             let _e = span.enter();
                             match serve_peer(stream, peer, &shared) {
                                 Ok(()) => tracing::debug!("peer disconnected"),
-                                Err(e) => tracing::warn!(error = %e, "peer refused or failed"),
+                                // The address too: at WARN the info span is off.
+                                Err(e) => {
+                                    tracing::warn!(%peer, error = %e, "peer refused or failed")
+                                }
                             }
                         });
                 if let Err(e) = spawned {
@@ -265,10 +308,10 @@ fn accept_loop<W: Window>(listener: TcpListener, shared: Arc<Shared<W>>) {
     }
 }
 
-/// Tell a connection over the cap why it is closed, without waiting on it.
-fn refuse_busy(mut stream: &TcpStream, cap: usize) {
+/// Tell a connection over a cap why it is closed, without waiting on it.
+fn refuse_busy(mut stream: &TcpStream, why: String) {
     let _ = stream.set_nonblocking(true);
-    let why = format!("this pod serves {cap} connections already (its cap): try again later");
+    let why = format!("{why}: try again later");
     let _ = stream.write_all(&wire::encode(&Reply::Refuse(why)));
 }
 
@@ -347,6 +390,20 @@ mod tests {
     /// A member's handshake with the endpoint; the stream stays open (the connection) on success.
     fn connect(e: &Endpoint, pod: &str, uid: &str) -> Result<TcpStream, String> {
         let s = TcpStream::connect(e.addr()).map_err(|x| x.to_string())?;
+        handshake_on(s, pod, uid)
+    }
+
+    /// A TCP connection to `e` from the loopback address `ip` (another pod, as the endpoint sees it).
+    fn connect_from(e: &Endpoint, ip: &str) -> TcpStream {
+        use socket2::{Domain, Socket, Type};
+        let s = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+        s.bind(&SocketAddr::new(ip.parse().unwrap(), 0).into())
+            .unwrap();
+        s.connect(&e.addr().into()).unwrap();
+        s.into()
+    }
+
+    fn handshake_on(s: TcpStream, pod: &str, uid: &str) -> Result<TcpStream, String> {
         let deadline = Instant::now() + Duration::from_secs(5);
         initiate(
             &s,
@@ -452,6 +509,33 @@ mod tests {
         wait_until("the silent connections time out", || e.active() == 0);
         let _a = connect(&e, "a", "ua").unwrap();
         assert!(e.peak() <= 8);
+    }
+
+    #[test]
+    fn one_source_cannot_take_every_slot() {
+        let dir = tempfile::tempdir().unwrap();
+        let limits = Limits {
+            max_peers: 8,
+            max_per_source: 2,
+            handshake: Duration::from_millis(1500),
+            ..Limits::default()
+        };
+        let e = start(&dir, limits);
+        // One address opens silent connections: two are served, the others refused, told why.
+        let held: Vec<TcpStream> = (0..6).map(|_| connect_from(&e, "127.0.0.1")).collect();
+        wait_until("every connect is taken", || e.connections() == 6);
+        assert_eq!((e.refused_busy(), e.peak()), (4, 2));
+        let mut last = held.into_iter().last().unwrap();
+        let mut answer = String::new();
+        last.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let _ = last.read_to_string(&mut answer);
+        assert!(
+            answer.contains("2 connections from 127.0.0.1 already (its cap per source)"),
+            "{answer:?}"
+        );
+        // Meanwhile a member at another address gets in.
+        let _a = handshake_on(connect_from(&e, "127.0.0.2"), "a", "ua").unwrap();
+        wait_until("a is counted", || e.accepted() == 1);
     }
 
     #[test]

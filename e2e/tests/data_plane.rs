@@ -258,7 +258,8 @@ dead_holder() {
   done
   echo "held: $w"
   kill -9 $H; wait $H 2>/dev/null
-  echo "locked-write b2+0x100200 b2+0x100240 8 1 21" | $A1 session 2>&1
+  # Through cat: on the VM's console the log would be coloured.
+  echo "locked-write b2+0x100200 b2+0x100240 8 1 21" | $A1 session 2>&1 | cat
 }
 # set_directory FILE: replace the mounted directory atomically, as the kubelet does.
 set_directory() { cp "$1" /tmp/dsm/regions.tmp && mv /tmp/dsm/regions.tmp /tmp/dsm/regions.json; }
@@ -376,7 +377,7 @@ fn scenario(a_side: bool, p: &Planned) -> String {
         out += &file("/tmp/dsm/b1-new.region", &p.b1_new);
         out += &file("/tmp/dsm/b1-new.in", &scripts["b1-new"]);
         out += &format!(
-            "session b1 {} & B1=$!\nsession b2 {} & B2=$!\nwait $B1\n\
+            "session b1 {} & B1=$!\n(unset ROCEFABRIC_LOG; session b2 {}) & B2=$!\nwait $B1\n\
              set_directory /tmp/dsm/dir2.json\n\
              env -u ROCEFABRIC_LOG POD_NAME=b1 POD_UID={} ROCEFABRIC_REGION_FILE=/tmp/dsm/b1-new.region $IP netns exec b1n $D session \
                </tmp/dsm/b1-new.in >/tmp/dsm/b1-new.out 2>/tmp/dsm/b1-new.err & BN=$!\n\
@@ -705,6 +706,32 @@ fn a_lock_whose_holder_was_killed_is_broken_after_the_lease_and_not_before() {
     assert_eq!(answer["torn"], 0, "{answer}");
     // Never before the lease: a live holder's lock is never broken early.
     assert!(answer["ms"].as_f64().unwrap() >= 10_000.0, "{answer}");
+}
+
+#[test]
+fn an_owner_frees_the_queue_pair_of_every_peer_that_left_a_killed_one_too() {
+    let Some((_, b)) =
+        runs("an_owner_frees_the_queue_pair_of_every_peer_that_left_a_killed_one_too")
+    else {
+        return;
+    };
+    // b2 ran at its default log level, which traces each peer's admission and departure.
+    let log = b.section("b2").output;
+    let count = |what: &str| log.lines().filter(|l| l.contains(what)).count();
+    let (admitted, freed) = (count("peer admitted"), count("queue pair destroyed"));
+    // a1, a2 and b1 in the session phase, then a1's probe and one-shot commands, the holder.
+    assert!(admitted >= 5, "{admitted} admitted:\n{log}");
+    // Every peer but the last (whose release ends b2's session) was freed while b2 ran.
+    assert!(
+        freed + 1 >= admitted,
+        "{admitted} admitted, {freed} freed:\n{log}"
+    );
+    // The holder killed with -9 sent no goodbye: its closed stream freed its queue pair.
+    assert!(
+        log.lines()
+            .any(|l| l.contains("queue pair destroyed") && l.contains("pod=a2")),
+        "the killed holder's queue pair was not freed:\n{log}"
+    );
 }
 
 #[test]
