@@ -141,7 +141,7 @@ impl Conn {
 /// A batch's working lists, kept across batches so that a warm batch allocates nothing.
 #[derive(Default)]
 struct Scratch {
-    /// Per access: the cache slot of its owner's connection.
+    /// Per access: its owner's directory entry, then the cache slot of its connection.
     owners: Vec<usize>,
     /// Pieces of at most [`CHUNK`] bytes: (access, offset in it, length).
     pieces: Vec<(usize, u64, u64)>,
@@ -194,6 +194,8 @@ pub struct Dsm {
     stamp: directory::Stamp,
     checked: Instant,
     conns: ConnCache<Conn>,
+    /// Per directory entry (as last read): the slot of its owner's connection, if one was made.
+    entry_slots: Vec<Option<usize>>,
     scratch: Scratch,
     /// Pods whose connection failed, by uid: reconnecting is the next access's job.
     dropped: HashMap<String, String>,
@@ -271,6 +273,7 @@ impl Dsm {
             directory,
             checked: Instant::now(),
             conns: ConnCache::default(),
+            entry_slots: Vec::new(),
             scratch: Scratch::default(),
             dropped: HashMap::new(),
             endpoint,
@@ -387,24 +390,35 @@ impl Dsm {
     }
 
     fn run_batch(&mut self, s: &mut Scratch, accesses: &mut [Access<'_>]) -> Result<()> {
-        // Check every access first (re-reading the directory once on a miss: the pod may be new).
-        for a in accesses.iter() {
-            if self.directory.owner(a.addr(), a.len()).is_err() {
-                self.reload_directory();
+        // Resolve and check every access first (re-reading the directory once on a miss: the
+        // pod may be new, and a re-read moves the entries, so all are resolved again).
+        let mut reloaded = false;
+        'resolve: loop {
+            s.owners.clear();
+            for a in accesses.iter() {
+                let i = match self.directory.owner_index(a.addr(), a.len()) {
+                    Ok(i) => i,
+                    Err(_) if !reloaded => {
+                        reloaded = true;
+                        self.reload_directory();
+                        continue 'resolve;
+                    }
+                    Err(e) => return Err(e),
+                };
+                if let Some(op) = a.atomic().filter(|_| !a.addr().is_multiple_of(8)) {
+                    return Err(DsmError::Misaligned {
+                        addr: a.addr(),
+                        op,
+                        owner: self.directory.entries()[i].pod.clone(),
+                    });
+                }
+                s.owners.push(i);
             }
-            let e = self.directory.owner(a.addr(), a.len())?;
-            if let Some(op) = a.atomic().filter(|_| !a.addr().is_multiple_of(8)) {
-                return Err(DsmError::Misaligned {
-                    addr: a.addr(),
-                    op,
-                    owner: e.pod.clone(),
-                });
-            }
+            break;
         }
-        s.owners.clear();
-        for a in accesses.iter() {
-            let slot = self.owner_slot(a.addr(), a.len())?;
-            s.owners.push(slot);
+        // Directory entries to connection slots.
+        for (owner, a) in s.owners.iter_mut().zip(accesses.iter()) {
+            *owner = self.entry_slot(*owner, a.addr())?;
         }
         s.pieces.clear();
         for (i, a) in accesses.iter().enumerate() {
@@ -552,19 +566,28 @@ impl Dsm {
         })
     }
 
-    /// The slot of a live connection to the owner of [`addr`, +`len`): the cached one when it
-    /// is still the pod the directory names, else a new one.
-    fn owner_slot(&mut self, addr: u64, len: u64) -> Result<usize> {
-        let e = self.directory.owner(addr, len)?;
+    /// The slot of a live connection to the owner at `entry` of the directory (for the access
+    /// at `addr`): the cached one when it is still the pod the entry names, else a new one.
+    /// Looked up by entry index, not by name: no hashing, no allocation once connected.
+    fn entry_slot(&mut self, entry: usize, addr: u64) -> Result<usize> {
+        let e = &self.directory.entries()[entry];
         if let Some(slot) = self
-            .conns
-            .slot(&e.pod)
+            .entry_slots
+            .get(entry)
+            .copied()
+            .flatten()
             .filter(|&slot| self.conns.get(slot).is_some_and(|c| c.serves(e)))
         {
             return Ok(slot);
         }
         let e = e.clone();
-        self.connect(&e, addr)
+        let slot = self.connect(&e, addr)?;
+        let n = self.directory.entries().len();
+        if self.entry_slots.len() < n {
+            self.entry_slots.resize(n, None);
+        }
+        self.entry_slots[entry] = Some(slot);
+        Ok(slot)
     }
 
     /// Ensure a live connection to the owner `e`, checking its uid against the directory: a cached
@@ -676,6 +699,8 @@ impl Dsm {
         match directory::read(&self.cfg.directory) {
             Ok(d) => {
                 self.directory = d;
+                // The entries moved: their slots are found anew (by name) on next use.
+                self.entry_slots.clear();
                 self.stamp = directory::stamp(&self.cfg.directory);
                 self.stats.directory_reloads += 1;
             }

@@ -86,14 +86,20 @@ impl Directory {
 
     /// The owner of `[addr, addr + len)`, or why there is none. `len` 0 is checked as 1 byte.
     pub fn owner(&self, addr: u64, len: u64) -> Result<&DirectoryEntry> {
-        let i = self.entries.partition_point(|e| e.base <= addr);
-        let Some(e) = i
+        Ok(&self.entries[self.owner_index(addr, len)?])
+    }
+
+    /// [`Directory::owner`] as its index in [`Directory::entries`].
+    pub fn owner_index(&self, addr: u64, len: u64) -> Result<usize> {
+        let Some(i) = self
+            .entries
+            .partition_point(|e| e.base <= addr)
             .checked_sub(1)
-            .map(|i| &self.entries[i])
-            .filter(|e| addr < e.end())
+            .filter(|&i| addr < self.entries[i].end())
         else {
             return Err(DsmError::Unassigned { addr });
         };
+        let e = &self.entries[i];
         if addr.checked_add(len.max(1)).is_none_or(|end| end > e.end()) {
             return Err(DsmError::OutOfWindow {
                 addr,
@@ -103,7 +109,7 @@ impl Directory {
                 end: e.end(),
             });
         }
-        Ok(e)
+        Ok(i)
     }
 }
 
