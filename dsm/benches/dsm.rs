@@ -15,7 +15,7 @@ use rocefabric_dsm::verbs::{Hca, Mapping};
 use rocefabric_dsm::{Access, Config, Dsm};
 
 const N: usize = 2560;
-const ROUNDS: usize = 10;
+const ROUNDS: usize = 40;
 
 fn main() {
     let Ok(device) = std::env::var("ROCEFABRIC_DSM_BENCH_HCA") else {
@@ -92,7 +92,8 @@ fn main() {
     for _ in 0..ROUNDS {
         rounds[0].push(time(N / ROUNDS, || {
             q1.post(&staging, &[read]).expect("post");
-            assert!(q1.complete(1, Duration::from_secs(10)).is_empty());
+            let started = Instant::now();
+            assert!(q1.complete(1, Duration::from_secs(10), started).is_empty());
         }));
         rounds[1].push(time(N / ROUNDS, || dsm.read(0, &mut word).expect("read")));
         rounds[2].push(time(N / ROUNDS, || {

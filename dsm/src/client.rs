@@ -138,8 +138,22 @@ impl Conn {
     }
 }
 
+impl Default for Scratch {
+    fn default() -> Self {
+        Scratch {
+            owners: Vec::new(),
+            pieces: Vec::new(),
+            staged: Vec::new(),
+            works: Vec::new(),
+            active: Vec::new(),
+            posted: Vec::new(),
+            failures: Vec::new(),
+            round_started: Instant::now(),
+        }
+    }
+}
+
 /// A batch's working lists, kept across batches so that a warm batch allocates nothing.
-#[derive(Default)]
 struct Scratch {
     /// Per access: its owner's directory entry, then the cache slot of its connection.
     owners: Vec<usize>,
@@ -155,6 +169,8 @@ struct Scratch {
     posted: Vec<(usize, usize, u64)>,
     /// Every connection that failed this round: (slot, piece, status).
     failures: Vec<(usize, u64, String)>,
+    /// When this round began (its completions' deadline counts from here).
+    round_started: Instant,
 }
 
 /// Staging buffer for local sides of requests (registered once).
@@ -305,7 +321,7 @@ impl Dsm {
     /// does: call it before resolving `POD+OFFSET` against [`Dsm::directory`], or a replaced pod
     /// resolves to its old window.
     pub fn refresh_directory(&mut self) {
-        self.refresh_if_due();
+        self.refresh_if_due(Instant::now());
     }
 
     pub fn stats(&self) -> Stats {
@@ -382,8 +398,12 @@ impl Dsm {
     /// waiting once per round. Requests to one owner execute in the order given. Once the
     /// connections are up and the scratch buffers have grown, a batch allocates nothing.
     pub fn batch(&mut self, accesses: &mut [Access<'_>]) -> Result<()> {
-        self.refresh_if_due();
+        // One clock read serves the refresh check and the first round's completion deadline
+        // (under emulation a clock read costs as much as the rest of a small access's software).
+        let now = Instant::now();
+        self.refresh_if_due(now);
         let mut scratch = std::mem::take(&mut self.scratch);
+        scratch.round_started = now;
         let out = self.run_batch(&mut scratch, accesses);
         self.scratch = scratch;
         out
@@ -438,6 +458,9 @@ impl Dsm {
         }
         let mut next = 0;
         while next < s.pieces.len() {
+            if next > 0 {
+                s.round_started = Instant::now();
+            }
             next = self.fill_round(s, accesses, next);
             self.post_round(s, accesses)?;
             // Copy results out.
@@ -539,7 +562,12 @@ impl Dsm {
         }
         for &(slot, n, first) in &s.posted {
             let conn = self.conns.get_mut(slot).unwrap_or_else(|| unreachable!());
-            if let Some((id, status)) = conn.qp.complete(n, COMPLETION_TIMEOUT).into_iter().next() {
+            if let Some((id, status)) = conn
+                .qp
+                .complete(n, COMPLETION_TIMEOUT, s.round_started)
+                .into_iter()
+                .next()
+            {
                 s.failures
                     .push((slot, if id == u64::MAX { first } else { id }, status));
             }
@@ -668,11 +696,11 @@ impl Dsm {
         ))
     }
 
-    fn refresh_if_due(&mut self) {
-        if self.checked.elapsed() < self.cfg.refresh {
+    fn refresh_if_due(&mut self, now: Instant) {
+        if now.duration_since(self.checked) < self.cfg.refresh {
             return;
         }
-        self.checked = Instant::now();
+        self.checked = now;
         if directory::stamp(&self.cfg.directory) != self.stamp {
             self.reload_directory();
         }

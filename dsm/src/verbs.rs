@@ -635,11 +635,17 @@ impl Qp {
         })
     }
 
-    /// Wait for `n` completions, or until `timeout` passes. Returns the failed ones as
-    /// (work id, status). A timeout is reported as work id `u64::MAX`.
-    pub fn complete(&mut self, n: usize, timeout: Duration) -> Vec<(u64, String)> {
+    /// Wait for `n` completions, or until `timeout` has passed since `started` (the caller's
+    /// clock reading: one read per access on the hot path). Returns the failed ones as (work
+    /// id, status). A timeout is reported as work id `u64::MAX`.
+    pub fn complete(
+        &mut self,
+        n: usize,
+        timeout: Duration,
+        started: Instant,
+    ) -> Vec<(u64, String)> {
         let mut failed = Vec::new();
-        let deadline = Instant::now() + timeout;
+        let deadline = started + timeout;
         let mut wcs = [ibv::Wc::default(); 16];
         let mut done = 0;
         let mut idle = 0u32;
