@@ -29,6 +29,11 @@ impl<C> ConnCache<C> {
         self.slots.get(slot)?.as_ref().map(|(_, c)| c)
     }
 
+    /// The connection in `slot` with the pod it was made for.
+    pub(crate) fn get_named(&self, slot: usize) -> Option<(&str, &C)> {
+        self.slots.get(slot)?.as_ref().map(|(p, c)| (p.as_str(), c))
+    }
+
     pub(crate) fn get_mut(&mut self, slot: usize) -> Option<&mut C> {
         self.slots.get_mut(slot)?.as_mut().map(|(_, c)| c)
     }
@@ -82,6 +87,7 @@ mod tests {
         assert_ne!(a, b);
         assert_eq!(c.insert("a", 3), a, "a replaced connection keeps its slot");
         assert_eq!((c.slot("a"), c.get(a)), (Some(a), Some(&3)));
+        assert_eq!(c.get_named(a), Some(("a", &3)));
         assert_eq!(c.remove(a), Some(("a".to_string(), 3)));
         assert_eq!((c.slot("a"), c.get(a)), (None, None));
         assert_eq!(c.remove(a), None);
