@@ -4,7 +4,7 @@
 
 use crate::devices::{fabric_pod, start_pods};
 use crate::kube::{APPS, Story, WAIT, eventually};
-use crate::memory::{ok, window};
+use crate::memory::{directory_lists, ok, window};
 
 pub fn replaced_pod_gets_a_fresh_window(story: &mut Story) {
     let node = story.workers[1].clone();
@@ -49,6 +49,8 @@ pub fn replaced_pod_gets_a_fresh_window(story: &mut Story) {
                 (dir.contains(&uid) && !dir.contains(&old_uid)).then_some(())
             },
         );
+        // The operator writes the new pod's IP only once it runs: a later sync brings it.
+        directory_lists(story, pod, &["b2"]);
     }
     ok(
         &story.session("a1", "reach b2+0 60000"),
