@@ -33,8 +33,7 @@ impl Dsm {
     /// waiting once per round. Requests to one owner execute in the order given. Once the
     /// connections are up and the scratch buffers have grown, a batch allocates nothing.
     pub fn batch(&mut self, accesses: &mut [Access<'_>]) -> Result<()> {
-        // One clock read serves the refresh check and the first round's completion deadline
-        // (under emulation a clock read costs as much as the rest of a small access's software).
+        // One clock read serves the refresh check and the first round's completion deadline.
         let now = Instant::now();
         self.refresh_if_due(now);
         let mut scratch = std::mem::take(&mut self.scratch);
