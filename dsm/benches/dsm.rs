@@ -82,6 +82,7 @@ fn main() {
         hugepages: None,
         refresh: Duration::from_secs(1),
         expose: true,
+        limits: Default::default(),
     };
     let mut dsm = Dsm::open(cfg).expect("open the library");
     let mut word = [0u8; 8];

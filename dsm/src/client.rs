@@ -50,6 +50,8 @@ pub struct Config {
     /// (one-shot commands beside a running `serve`), accesses to the pod's own window go to the
     /// endpoint on this pod's rendezvous port like any peer's.
     pub expose: bool,
+    /// The endpoint's bounds (connections at once, in all and per address; deadlines).
+    pub limits: Limits,
 }
 
 impl Config {
@@ -234,7 +236,7 @@ impl Dsm {
                     hca: Arc::clone(&hca),
                     window,
                 },
-                Limits::default(),
+                cfg.limits,
             )?;
             tracing::info!(pod = %cfg.pod, base = cfg.window.base, size, huge = local.is_huge(), hca = ?hca, listen = %endpoint.addr(), "window exposed");
             (Some(local), Some(endpoint))

@@ -3,7 +3,8 @@
 
 use rocefabric_formats::env::{
     NCCL_IB_GID_INDEX, NCCL_IB_HCA, NCCL_IB_TC, POD_NAME, POD_UID, ROCEFABRIC_DIRECTORY,
-    ROCEFABRIC_DSM_PORT, ROCEFABRIC_HCA, ROCEFABRIC_KEY_DIR, ROCEFABRIC_REGION_FILE,
+    ROCEFABRIC_DSM_MAX_PEERS, ROCEFABRIC_DSM_MAX_PEERS_PER_SOURCE, ROCEFABRIC_DSM_PORT,
+    ROCEFABRIC_HCA, ROCEFABRIC_KEY_DIR, ROCEFABRIC_REGION_FILE,
 };
 use rocefabric_formats::names::{FABRIC_KEY_KEY, FABRIC_KEY_NAMESPACE_KEY, FABRIC_KEY_SUFFIX};
 
@@ -139,6 +140,10 @@ pub struct Inputs {
     pub port: u16,
     pub hugepages: Option<std::path::PathBuf>,
     pub expose: bool,
+    /// `ROCEFABRIC_DSM_MAX_PEERS` and `ROCEFABRIC_DSM_MAX_PEERS_PER_SOURCE`: the endpoint's caps,
+    /// when not the defaults ([`crate::endpoint::Limits`]).
+    pub max_peers: Option<String>,
+    pub max_peers_per_source: Option<String>,
 }
 
 /// Default rendezvous port of the fabric's pods.
@@ -150,7 +155,7 @@ pub const DEFAULT_KEY_DIR: &str = "/etc/rocefabric/key";
 impl Inputs {
     /// The conventional pod: files at the default paths, the device plugin's variables,
     /// `ROCEFABRIC_REGION_FILE`, `ROCEFABRIC_DIRECTORY`, `ROCEFABRIC_HCA`, `ROCEFABRIC_DSM_PORT`,
-    /// `POD_NAME`, `POD_UID` override.
+    /// `ROCEFABRIC_DSM_MAX_PEERS[_PER_SOURCE]`, `POD_NAME`, `POD_UID` override.
     pub fn from_env() -> Result<Inputs> {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
         let port = match var(ROCEFABRIC_DSM_PORT) {
@@ -179,6 +184,8 @@ impl Inputs {
             port,
             hugepages: None,
             expose: true,
+            max_peers: var(ROCEFABRIC_DSM_MAX_PEERS),
+            max_peers_per_source: var(ROCEFABRIC_DSM_MAX_PEERS_PER_SOURCE),
         })
     }
 
@@ -238,6 +245,26 @@ impl Inputs {
                 ));
             }
         };
+        let mut limits = crate::endpoint::Limits::default();
+        for (var, value, cap) in [
+            (
+                ROCEFABRIC_DSM_MAX_PEERS,
+                &self.max_peers,
+                &mut limits.max_peers,
+            ),
+            (
+                ROCEFABRIC_DSM_MAX_PEERS_PER_SOURCE,
+                &self.max_peers_per_source,
+                &mut limits.max_per_source,
+            ),
+        ] {
+            if let Some(v) = value {
+                *cap = match number(var, v)? {
+                    0 => return Err(DsmError::input(var, v, "must be at least 1")),
+                    n => usize::try_from(n).map_err(|_| DsmError::input(var, v, "too large"))?,
+                };
+            }
+        }
         let (namespace, key) = read_key(&self.key_dir, &window.fabric)?;
         Ok(crate::Config {
             pod,
@@ -254,6 +281,7 @@ impl Inputs {
             hugepages: self.hugepages,
             refresh: std::time::Duration::from_secs(1),
             expose: self.expose,
+            limits,
         })
     }
 }

@@ -127,3 +127,22 @@ fn a_pod_without_the_fabric_key_is_told_which_secret_to_mount() {
         "{err}"
     );
 }
+
+#[test]
+fn an_endpoint_cap_that_is_not_a_positive_number_is_named_before_any_hca() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dsm(dir.path(), &["serve", "--max-peers", "0"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains(r#"ROCEFABRIC_DSM_MAX_PEERS "0": must be at least 1"#),
+        "{err}"
+    );
+    assert!(!err.contains("nosuch0"), "the HCA was not opened: {err}");
+    let out = dsm(dir.path(), &["serve", "--max-peers-per-source", "many"]);
+    let err = stderr(&out);
+    assert!(
+        err.contains(r#"ROCEFABRIC_DSM_MAX_PEERS_PER_SOURCE "many": not a number"#),
+        "{err}"
+    );
+}

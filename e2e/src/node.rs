@@ -57,6 +57,16 @@ pub fn dsm_binary() -> Result<PathBuf, String> {
         .clone()
 }
 
+/// `rocefabric-dsm-crossing` (someone crossing a rendezvous who may not), built for the VMs.
+pub fn dsm_crossing_binary() -> Result<PathBuf, String> {
+    static BINARY: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    BINARY
+        .get_or_init(|| {
+            build_binary("rocefabric-e2e", "rocefabric-dsm-crossing").map_err(|e| e.to_string())
+        })
+        .clone()
+}
+
 /// `cargo build` one binary of the workspace and return its path.
 fn build_binary(package: &str, bin: &'static str) -> Result<PathBuf, HarnessError> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());

@@ -43,6 +43,10 @@ pub const ROCEFABRIC_KEY_DIR: &str = "ROCEFABRIC_KEY_DIR";
 pub const ROCEFABRIC_HCA: &str = "ROCEFABRIC_HCA";
 /// The data plane's rendezvous port, when not the default.
 pub const ROCEFABRIC_DSM_PORT: &str = "ROCEFABRIC_DSM_PORT";
+/// The most connections a pod's rendezvous endpoint serves at once, when not the default.
+pub const ROCEFABRIC_DSM_MAX_PEERS: &str = "ROCEFABRIC_DSM_MAX_PEERS";
+/// The most it serves at once from one address, when not the default.
+pub const ROCEFABRIC_DSM_MAX_PEERS_PER_SOURCE: &str = "ROCEFABRIC_DSM_MAX_PEERS_PER_SOURCE";
 
 /// `PCIDEVICE_<RESOURCE>` of a resource or driver name: uppercased, with `.`, `/` and `-` as `_`
 /// (`rdma/hca` gives `PCIDEVICE_RDMA_HCA`).

@@ -53,6 +53,13 @@ struct Cli {
     /// The fabric's rendezvous port.
     #[arg(long, env = env::ROCEFABRIC_DSM_PORT, default_value_t = config::DEFAULT_PORT, global = true)]
     port: u16,
+    /// Most connections this pod's endpoint serves at once (each holds a thread and a queue
+    /// pair; default 256).
+    #[arg(long, env = env::ROCEFABRIC_DSM_MAX_PEERS, global = true)]
+    max_peers: Option<String>,
+    /// Most of those from one address (a pod's processes share its IP; default 32).
+    #[arg(long, env = env::ROCEFABRIC_DSM_MAX_PEERS_PER_SOURCE, global = true)]
+    max_peers_per_source: Option<String>,
     /// hugetlbfs mount for the window (default: /dev/hugepages when mounted).
     #[arg(long, global = true)]
     hugepages: Option<PathBuf>,
@@ -159,6 +166,8 @@ fn config(cli: &Cli, expose: bool) -> Result<Config> {
         port: cli.port,
         hugepages: cli.hugepages.clone(),
         expose,
+        max_peers: cli.max_peers.clone(),
+        max_peers_per_source: cli.max_peers_per_source.clone(),
     };
     Ok(inputs.config()?)
 }

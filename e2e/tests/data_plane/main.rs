@@ -12,7 +12,10 @@
 //!   access allocates nothing;
 //! - a process without the namespace's key is refused (both sides say why, the owner logs who
 //!   came), a killed lock holder's lock is broken after the lease and not before, and an owner
-//!   frees the queue pair of every peer that left.
+//!   frees the queue pair of every peer that left;
+//! - a hello naming another fabric or no uid, a slow loris, 1,000 silent connects from 12
+//!   addresses and 40 member connections from one are refused or capped, the owner keeps serving,
+//!   its threads and queue pairs stay under the caps, and its window is unchanged.
 //!
 //! Skips like the Soft-RoCE suite (`SKIPPED: data_plane (<reason>): <test>`);
 //! `ROCEFABRIC_REQUIRE_SOFT_ROCE=1` makes a skip a failure.
@@ -23,11 +26,12 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use clap::Parser as _;
-use rocefabric_e2e::node::dsm_binary;
+use rocefabric_e2e::node::{dsm_binary, dsm_crossing_binary};
 use rocefabric_e2e::vm::{self, Guest, Run};
 use rocefabric_operator::cli::{Cli, Command, plan};
 use serde_json::{Value, json};
 
+mod crossing;
 mod scenario;
 use scenario::scenario;
 
@@ -201,7 +205,7 @@ fn runs(test: &str) -> Option<&'static (Run, Run)> {
     static RUNS: OnceLock<Result<(Run, Run), String>> = OnceLock::new();
     let runs = RUNS.get_or_init(|| {
         let image = vm::image()?;
-        let bins: Vec<PathBuf> = vec![dsm_binary()?];
+        let bins: Vec<PathBuf> = vec![dsm_binary()?, dsm_crossing_binary()?];
         let p = planned();
         let work = tempfile::tempdir().map_err(|e| e.to_string())?;
         let _one_set_at_a_time = vm::exclusive();
@@ -442,7 +446,8 @@ fn a_process_without_the_namespaces_key_is_refused_and_the_owner_logs_who_came()
         .lines()
         .filter(|l| l.contains("10.88.1.9") && l.contains("peer refused or failed"))
         .collect();
-    assert_eq!(refusals.len(), 2, "{b2}");
+    // The intruder's two attempts come first (the crossing test's follow from the same address).
+    assert!(refusals.len() >= 2, "{b2}");
     assert!(refusals[0].contains(r#"namespace "other""#), "{b2}");
     assert!(refusals[1].contains("turned this pod down"), "{b2}");
     // At its default log level, an owner records every peer it admitted: who, from where, which

@@ -55,10 +55,57 @@ intruder() {
   mkdir -p /tmp/dsm/other /tmp/dsm/forged
   printf '%s' 'another-namespace-fabric-key-32b' >/tmp/dsm/other/key && echo other >/tmp/dsm/other/namespace
   printf '%s' 'a-forged-key-in-the-same-ns-32by' >/tmp/dsm/forged/key && echo default >/tmp/dsm/forged/namespace
+  env POD_NAME=a1 POD_UID=$1 ROCEFABRIC_REGION_FILE=/tmp/dsm/a1.region $IP netns exec a1 $D \
+    read --addr b2+0x10000 --len 64 >/tmp/dsm/b2-before || return 2
   for k in other forged; do
     env POD_NAME=a1 POD_UID=$1 ROCEFABRIC_REGION_FILE=/tmp/dsm/a1.region ROCEFABRIC_KEY_DIR=/tmp/dsm/$k \
-      $IP netns exec x1 $D read --addr b2+0x10000 --len 8
+      $IP netns exec x1 $D write --addr b2+0x10000 --word 0x5a5a5a5a
     echo "intruder with the $k key: exit $?"
+  done
+}
+# crossing A1UID B2UID: after the intruder, x1 crosses b2's rendezvous as nobody may: a hello
+# naming another fabric, one without b2's uid, a slow loris (while a1 is served), 1,000 silent
+# connects from 12 addresses (b2 serves 64 connections at once: under TCG its default 256 is
+# more than the silent ones the handshake deadline lets pile up); then a1 opens 40 member
+# connections from its one address at once. b2's window must be unchanged by all of it.
+crossing() {
+  A="env POD_NAME=a1 POD_UID=$1 ROCEFABRIC_REGION_FILE=/tmp/dsm/a1.region $IP netns exec a1"
+  X="$IP netns exec x1 $B/rocefabric-dsm-crossing"
+  O="--to 10.88.2.3:18516"
+  echo "other fabric: $($X hello $O --fabric other --namespace default --from-pod a1 --from-uid $1 --to-pod b2 --to-uid $2)"
+  echo "no uid: $($X hello $O --fabric dsm --namespace default --from-pod a1 --from-uid $1 --to-pod b2)"
+  $X loris $O >/tmp/dsm/loris.out 2>&1 & L=$!
+  sleep 1
+  $A $D read --addr b2+0x10000 --len 8 >/dev/null && echo "member served at $(date +%s%3N)"
+  wait $L; echo "loris answered at $(date +%s%3N): $(cat /tmp/dsm/loris.out)"
+  S=
+  for i in $(seq 10 21); do
+    $IP -n x1 addr add 10.88.1.$i/32 dev eth0 && $IP route add 10.88.1.$i/32 dev h-x1 || return 1
+    S=$S${S:+,}10.88.1.$i
+  done
+  ulimit -n 4096
+  echo "flood: $($X flood $O --count 1000 --sources $S)"
+  echo "members: $($A $B/rocefabric-dsm-crossing members --addr b2+0x10000 --count 40 --hold-ms 3000)"
+  $A $D read --addr b2+0x10000 --len 64 >/tmp/dsm/b2-after || return 2
+  cmp -s /tmp/dsm/b2-before /tmp/dsm/b2-after && echo "b2's window: unchanged"
+}
+# sample NAME: the pod's rocefabric-dsm process, sampled until it exits: "THREADS QUEUE_PAIRS"
+# (rdma's restrack names a queue pair by the thread that made it: an owner's are its peer threads').
+sample() {
+  p=; i=0
+  until [ -n "$p" ]; do
+    for e in /proc/[0-9]*/environ; do
+      q=${e#/proc/}; q=${q%/environ}
+      [ "$(cat /proc/$q/comm 2>/dev/null)" = rocefabric-dsm ] && grep -qxz "POD_NAME=$1" $e 2>/dev/null && p=$q
+    done
+    i=$((i+1)); [ $i -gt 100 ] && return 1; sleep 0.1
+  done
+  while [ -d /proc/$p ]; do
+    t=$(awk '/^Threads/{print $2}' /proc/$p/status 2>/dev/null) || break
+    echo "$t $(/usr/sbin/rdma res show qp 2>/dev/null | awk -v tids="$(ls /proc/$p/task 2>/dev/null | tr '\n' ' ')" \
+      'BEGIN {n = split(tids, a); for (i = 1; i <= n; i++) s[a[i]] = 1}
+       {for (i = 1; i < NF; i++) if ($i == "pid" && ($(i + 1) in s)) c++} END {print c + 0}')"
+    sleep 0.2
   done
 }
 # dead_holder A1UID A2UID: a2's process takes the lock word in b2's window and is killed (-9)
@@ -181,6 +228,7 @@ pub(super) fn scenario(a_side: bool, p: &Planned) -> String {
              done\n\
              section cli-data cli_data {a1}\n\
              section intruder intruder {a1}\n\
+             section crossing crossing {a1} {b2}\n\
              section dead-holder dead_holder {a1} {a2}\n\
              section release env POD_NAME=a1 POD_UID={a1} ROCEFABRIC_REGION_FILE=/tmp/dsm/a1.region $IP netns exec a1 $D write --addr b2+0x1f0030 --word 1\n\
              exit 0\n",
@@ -188,13 +236,15 @@ pub(super) fn scenario(a_side: bool, p: &Planned) -> String {
             uid("a2"),
             a1 = uid("a1"),
             a2 = uid("a2"),
+            b2 = uid("b2"),
         );
     } else {
         out += &format!("pod b1n {} || exit 12\n", B1_NEW.2);
         out += &file("/tmp/dsm/b1-new.region", &p.b1_new);
         out += &file("/tmp/dsm/b1-new.in", &scripts["b1-new"]);
         out += &format!(
-            "session b1 {} & B1=$!\n(unset ROCEFABRIC_LOG; session b2 {}) & B2=$!\nwait $B1\n\
+            "session b1 {} & B1=$!\n(unset ROCEFABRIC_LOG; ROCEFABRIC_DSM_MAX_PEERS=64 session b2 {}) & B2=$!\n\
+             sample b2 >/tmp/dsm/b2.samples 2>&1 &\nwait $B1\n\
              set_directory /tmp/dsm/dir2.json\n\
              env -u ROCEFABRIC_LOG POD_NAME=b1 POD_UID={} ROCEFABRIC_REGION_FILE=/tmp/dsm/b1-new.region $IP netns exec b1n $D session \
                </tmp/dsm/b1-new.in >/tmp/dsm/b1-new.out 2>/tmp/dsm/b1-new.err & BN=$!\n\
@@ -206,7 +256,8 @@ pub(super) fn scenario(a_side: bool, p: &Planned) -> String {
              done\n\
              wait $B2\n\
              section b1 cat /tmp/dsm/b1.out /tmp/dsm/b1.err\nsection b2 cat /tmp/dsm/b2.out /tmp/dsm/b2.err\n\
-             section b1-new cat /tmp/dsm/b1-new.out /tmp/dsm/b1-new.err\nexit 0\n",
+             section b1-new cat /tmp/dsm/b1-new.out /tmp/dsm/b1-new.err\n\
+             section b2-peaks awk '{{if ($1>t) t=$1; if ($2>q) q=$2}} END {{print \"threads\", t+0, \"queue-pairs\", q+0, \"samples\", NR}}' /tmp/dsm/b2.samples\nexit 0\n",
             uid("b1"),
             uid("b2"),
             B1_NEW.3,
