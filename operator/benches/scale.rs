@@ -17,6 +17,10 @@
 //! | `SCALE_DEBOUNCE_MS`, `SCALE_RESYNC_SECONDS` | the operator's `--debounce-ms` and `--resync-seconds` | 50, 60 |
 //! | `SCALE_RUST_LOG` | the operator's `RUST_LOG` | info |
 //! | `SCALE_POD_SELECTOR` | the operator's `--pod-label-selector` (e.g. `rocefabric.io/fabric`) | none: every pod |
+//! | `SCALE_ROLLOUT_QPS` | last, the operator restarted with this `--write-qps` rolls an MTU edit out at `maxUnavailable: 10%` (`skip`: not) | 100 (the chart's default) |
+//!
+//! The operator converges with no write limit (`--write-qps 0`: 300,000 first writes at the
+//! chart's 100/s would take most of an hour); the rollout runs at the limit users run.
 use std::path::Path;
 use std::time::Duration;
 
@@ -24,7 +28,7 @@ use anyhow::Context as _;
 use rocefabric_operator_testing::scale::apiserver::Options;
 use rocefabric_operator_testing::scale::cluster::{GeneratedCluster, NodeState, Sizes};
 use rocefabric_operator_testing::scale::operator::{Heap, Memory, Pass};
-use rocefabric_operator_testing::scale::scenario::{Convergence, Harness, Timed, Waits};
+use rocefabric_operator_testing::scale::scenario::{Convergence, Harness, Rollout, Timed, Waits};
 use tokio::time::Instant;
 
 // Counts the harness's own heap, for the per-object costs (the operator is another process).
@@ -184,6 +188,8 @@ struct Figures {
     quiet: Vec<Pass>,
     requests: Vec<(String, u64)>,
     warnings: u64,
+    /// The MTU rollout and its `--write-qps`.
+    rollout: Option<(Rollout, String)>,
 }
 
 fn print(f: &Figures) {
@@ -282,6 +288,21 @@ fn print(f: &Figures) {
         ),
         "",
     );
+    if let Some((r, qps)) = &f.rollout {
+        row(
+            &format!(
+                "MTU edit rolled out at maxUnavailable 10%, --write-qps {qps}: operator CPU / rollout wall ({} passes, {} writes)",
+                r.passes, r.writes
+            ),
+            format!(
+                "{} / {} = {:.2}%",
+                human(r.cpu),
+                human(r.wall),
+                100.0 * r.cpu.as_secs_f64() / r.wall.as_secs_f64().max(1e-9)
+            ),
+            "< 1%",
+        );
+    }
     println!();
     println!(
         "Harness: cluster generated in {}; converged {} after spawn in {} passes, {} writes; \
@@ -365,20 +386,47 @@ async fn run() -> anyhow::Result<()> {
     for _ in 0..quiet_passes {
         quiet.push(h.unrelated_change().await?);
     }
+    // What the first operator ended with, before it is replaced for the rollout.
+    let (end_memory, warnings, converged_heap) = (
+        h.operator.memory()?,
+        h.operator.warnings().0,
+        h.operator.heap,
+    );
+    let rollout_qps = std::env::var("SCALE_ROLLOUT_QPS").unwrap_or_else(|_| "100".into());
+    let rollout = if rollout_qps == "skip" {
+        None
+    } else {
+        eprintln!("MTU rollout at --write-qps {rollout_qps}...");
+        h.restart_operator(&["--write-qps".into(), rollout_qps.clone()])
+            .await?;
+        let r = h
+            .fabric_rollout(sizes.nodes as usize, |spec| {
+                let mtu = if spec["qos"]["mtu"] == 9000 {
+                    4200
+                } else {
+                    9000
+                };
+                spec["qos"]["mtu"] = mtu.into();
+                spec["rollout"]["maxUnavailable"] = "10%".into();
+            })
+            .await?;
+        Some((r, rollout_qps))
+    };
     let figures = Figures {
+        rollout,
         sizes,
         generated_in: h.generated_in,
         convergence,
         converged_memory,
-        converged_heap: h.operator.heap,
+        converged_heap,
         object_costs: object_costs(&GeneratedCluster::new(sizes))?,
-        end_memory: h.operator.memory()?,
+        end_memory,
         harness_memory: Memory::of("self")?,
         pod_events,
         node_events,
         quiet,
         requests: h.server.requests(),
-        warnings: h.operator.warnings().0,
+        warnings,
     };
     print(&figures);
     Ok(())

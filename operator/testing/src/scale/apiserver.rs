@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use anyhow::Context as _;
 use serde_json::Value;
 use tokio::sync::{oneshot, watch as tokio_watch};
 use tokio::task::JoinHandle;
@@ -61,6 +62,8 @@ pub struct Census {
     pub roce_nodes: usize,
     /// RoceNodes whose agent reported the spec's generation applied.
     pub configured: usize,
+    /// Of those, the ones at the fabric's current generation (a rollout's progress).
+    pub configured_current: usize,
     /// RoceNodes holding a pending (placeholder) spec.
     pub pending: usize,
     pub fabric_pods: usize,
@@ -90,8 +93,11 @@ pub(crate) struct State {
     latest: tokio_watch::Sender<u64>,
     seen: Seen,
     sim: simulate::Queue,
-    /// RoceNodes by what their status says, kept on every write (a census reads no JSON).
-    configured: HashSet<String>,
+    /// RoceNodes by what their status says, kept on every write (a census reads no JSON):
+    /// configured ones with the fabric generation they report.
+    configured: HashMap<String, i64>,
+    /// The fabric's `metadata.generation`.
+    fabric_generation: i64,
     pending: HashSet<String>,
 }
 
@@ -205,7 +211,7 @@ impl State {
         if spec["pending"].as_bool() == Some(true) {
             self.pending.insert(name.to_string());
         } else if simulate::reports_applied(obj, generation) {
-            self.configured.insert(name.to_string());
+            self.configured.insert(name.to_string(), generation);
         } else {
             self.sim.push(simulate::Job::Report {
                 name: name.to_string(),
@@ -263,7 +269,8 @@ impl ApiServer {
             latest: latest_tx,
             seen: Seen::default(),
             sim,
-            configured: HashSet::new(),
+            configured: HashMap::new(),
+            fabric_generation: 1,
             pending: HashSet::new(),
         };
         let key = (
@@ -406,12 +413,47 @@ impl ApiServer {
         st.node_changed(i, &before);
     }
 
+    /// Change the fabric's spec as `kubectl edit` would (its generation goes up): returns the
+    /// new generation.
+    pub fn edit_fabric(&self, edit: impl FnOnce(&mut Value)) -> anyhow::Result<i64> {
+        let mut st = self.shared.lock();
+        let key = (
+            Resource::RoceFabrics,
+            String::new(),
+            cluster::FABRIC.to_string(),
+        );
+        let stored = st.objects.get(&key).context("no fabric stored")?;
+        let labels_before = stored.labels.clone();
+        let mut fabric: Value = serde_json::from_str(&stored.json)?;
+        edit(&mut fabric["spec"]);
+        let generation = fabric["metadata"]["generation"].as_i64().unwrap_or(1) + 1;
+        fabric["metadata"]["generation"] = generation.into();
+        let rv = st.next_rv();
+        let stored = st.objects.put(&key, fabric, rv);
+        st.fabric_generation = generation;
+        st.emit(Change {
+            rv,
+            resource: Resource::RoceFabrics,
+            kind: ChangeType::Modified,
+            namespace: None,
+            labels_before: Some(labels_before),
+            labels: stored.labels,
+            object: stored.json,
+        });
+        Ok(generation)
+    }
+
     /// Where the rollout and the regions stand.
     pub fn census(&self) -> Census {
         let st = self.shared.lock();
         let mut c = Census {
             roce_nodes: st.objects.count(Resource::RoceNodes),
             configured: st.configured.len(),
+            configured_current: st
+                .configured
+                .values()
+                .filter(|&&g| g == st.fabric_generation)
+                .count(),
             pending: st.pending.len(),
             region_directories: st.objects.count(Resource::ConfigMaps),
             ..Census::default()

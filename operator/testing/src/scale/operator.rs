@@ -122,14 +122,19 @@ fn number(v: &Value, field: &str) -> u64 {
 }
 
 impl Operator {
-    /// Start `rocefabric-operator run` against `kubeconfig` with `args` after the fixed ones.
+    /// Start `rocefabric-operator run` against `kubeconfig` with `args` after the fixed ones
+    /// (and no write limit unless `args` set one).
     pub fn spawn(binary: &Path, kubeconfig: &Path, args: &[String]) -> anyhow::Result<Operator> {
         let spawned = Instant::now();
+        let unlimited: &[&str] = if args.iter().any(|a| a == "--write-qps") {
+            &[]
+        } else {
+            &["--write-qps", "0"]
+        };
         let mut child = Command::new(binary)
+            .arg("run")
+            .args(unlimited)
             .args([
-                "run",
-                "--write-qps",
-                "0",
                 "--log-format",
                 "json",
                 "--http-addr",
@@ -231,6 +236,24 @@ impl Operator {
 
     pub fn memory(&self) -> anyhow::Result<Memory> {
         Memory::of(&self.child.id().to_string())
+    }
+
+    /// CPU time the process has used so far (user and system).
+    pub fn cpu(&self) -> anyhow::Result<Duration> {
+        let pid = self.child.id();
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .with_context(|| format!("failed to read /proc/{pid}/stat"))?;
+        // After the command name (in parentheses, which may hold spaces): state is field 3,
+        // utime 14 and stime 15, in clock ticks (USER_HZ, 100 on every Linux ABI).
+        let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let ticks = |i: usize| -> anyhow::Result<u64> {
+            fields
+                .get(i)
+                .and_then(|f| f.parse().ok())
+                .with_context(|| format!("no field {} in /proc/{pid}/stat", i + 3))
+        };
+        Ok(Duration::from_millis((ticks(11)? + ticks(12)?) * 10))
     }
 }
 

@@ -33,6 +33,10 @@ pub struct Harness {
     shortest_gap: Option<Duration>,
     /// Print every pass while converging.
     pub progress: bool,
+    /// How the operator was started (to start it again).
+    binary: std::path::PathBuf,
+    kubeconfig: std::path::PathBuf,
+    args: Vec<String>,
     /// The operator watches only fabric pods (`--pod-label-selector`): an unrelated change must
     /// be made on one of those for the operator to see it.
     pub watches_only_fabric_pods: bool,
@@ -61,6 +65,17 @@ pub struct Convergence {
     pub passes: usize,
     pub writes: u64,
     pub census: Census,
+}
+
+/// A fabric edit rolled out over every node.
+#[derive(Clone, Copy, Debug)]
+pub struct Rollout {
+    /// The edit to the last node reporting the new generation applied.
+    pub wall: Duration,
+    /// The operator's CPU time (user and system) over the same span and its last passes.
+    pub cpu: Duration,
+    pub passes: usize,
+    pub writes: u64,
 }
 
 /// One event and the write it caused.
@@ -109,6 +124,9 @@ impl Harness {
         let kubeconfig = server.write_kubeconfig(dir.path())?;
         let operator = Operator::spawn(binary, &kubeconfig, args)?;
         Ok(Harness {
+            binary: binary.to_path_buf(),
+            kubeconfig,
+            args: args.to_vec(),
             server,
             operator,
             generated_in,
@@ -252,6 +270,59 @@ impl Harness {
             .await
             .with_context(|| format!("no write for {what} within {:?}", self.pass_timeout))?
             .context("the server went away")
+    }
+
+    /// Stop the operator and start it again with `extra` arguments after the first ones (e.g.
+    /// another write rate); returns once the new one has settled.
+    pub async fn restart_operator(&mut self, extra: &[String]) -> anyhow::Result<()> {
+        let args: Vec<String> = self.args.iter().chain(extra).cloned().collect();
+        self.operator = Operator::spawn(&self.binary, &self.kubeconfig, &args)?;
+        self.last = None;
+        self.shortest_gap = None;
+        self.next_pass(self.pass_timeout).await?;
+        self.settle().await
+    }
+
+    /// Edit the fabric with `edit` (its spec) and wait until all `nodes` report the new
+    /// generation applied and the operator is quiet again.
+    pub async fn fabric_rollout(
+        &mut self,
+        nodes: usize,
+        edit: impl FnOnce(&mut serde_json::Value),
+    ) -> anyhow::Result<Rollout> {
+        self.settle().await?;
+        let cpu = self.operator.cpu()?;
+        let t = Instant::now();
+        self.server.edit_fabric(edit)?;
+        let (mut passes, mut writes, mut wall) = (0, 0, None);
+        loop {
+            let pass = self
+                .next_pass(self.pass_timeout)
+                .await
+                .with_context(|| format!("rollout not done; census {:?}", self.server.census()))?;
+            passes += 1;
+            writes += pass.writes;
+            let census = self.server.census();
+            if self.progress {
+                eprintln!(
+                    "[{:7.1} s] rollout pass {passes}: {} writes; {}/{nodes} at the new generation",
+                    t.elapsed().as_secs_f64(),
+                    pass.writes,
+                    census.configured_current
+                );
+            }
+            if census.configured_current == nodes {
+                let done = *wall.get_or_insert_with(|| t.elapsed());
+                if pass.writes == 0 {
+                    return Ok(Rollout {
+                        wall: done,
+                        cpu: self.operator.cpu()? - cpu,
+                        passes,
+                        writes,
+                    });
+                }
+            }
+        }
     }
 
     /// A new gated fabric pod, timed to its annotation PATCH.

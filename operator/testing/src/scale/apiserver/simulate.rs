@@ -117,7 +117,7 @@ impl State {
         let labels_before = stored.labels.clone();
         let rv = self.next_rv();
         let stored = self.objects.put(&key, obj, rv);
-        self.configured.insert(name.to_string());
+        self.configured.insert(name.to_string(), generation);
         self.emit(Change {
             rv,
             resource: Resource::RoceNodes,
