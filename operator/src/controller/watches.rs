@@ -33,7 +33,8 @@ pub type Events = stream::BoxStream<'static, Result<Seen, (&'static str, watcher
 pub fn watches(client: &Client) -> Events {
     let all = watcher::Config::default;
     let fabrics = watcher(Api::<RoceFabric>::all(client.clone()), all()).default_backoff();
-    let roce_nodes = watcher(Api::<RoceNode>::all(client.clone()), all()).default_backoff();
+    // Without their managedFields (skipped while decoding).
+    let roce_nodes = watcher(Api::<Wire<RoceNode>>::all(client.clone()), all()).default_backoff();
     let config_maps = watcher(
         Api::<ConfigMap>::all(client.clone()),
         all().labels(FABRIC_LABEL),
@@ -45,7 +46,7 @@ pub fn watches(client: &Client) -> Events {
     stream::select_all([
         seen(fabrics, "rocefabrics", Seen::Fabric),
         seen(nodes, "nodes", |e| Seen::Node(unwire(e))),
-        seen(roce_nodes, "rocenodes", Seen::RoceNode),
+        seen(roce_nodes, "rocenodes", |e| Seen::RoceNode(unwire(e))),
         seen(config_maps, "configmaps", Seen::ConfigMap),
     ])
     .boxed()

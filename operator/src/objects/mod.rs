@@ -7,6 +7,7 @@
 pub mod labels;
 mod node;
 mod pod;
+mod roce_node;
 mod wire;
 
 pub use labels::{Labels, Matcher, Sym, intern};
