@@ -26,9 +26,6 @@ where
         .boxed()
 }
 
-/// Objects per page when a watch lists pods or nodes.
-const LIST_PAGE: u32 = 5_000;
-
 /// One stream of the watches' events for [`crate::feed::Feed::seen`].
 pub type Events = stream::BoxStream<'static, Result<Seen, (&'static str, watcher::Error)>>;
 
@@ -45,11 +42,7 @@ pub fn watches(client: &Client) -> Events {
     .default_backoff();
     // Nodes as metadata only (the API server sends PartialObjectMetadata), decoded straight
     // into their name and labels: the planner selects by labels.
-    let nodes = watcher(
-        Api::<Wire<CompactNode>>::all(client.clone()),
-        all().page_size(LIST_PAGE),
-    )
-    .default_backoff();
+    let nodes = watcher(Api::<Wire<CompactNode>>::all(client.clone()), all()).default_backoff();
     stream::select_all([
         seen(fabrics, "rocefabrics", Seen::Fabric),
         seen(nodes, "nodes", |e| Seen::Node(unwire(e))),
@@ -63,12 +56,9 @@ pub fn watches(client: &Client) -> Events {
 /// again when the fabrics' pod selectors grow ([`crate::feed::Feed::take_pod_relist`]): the pods a new
 /// selector picks were dropped when they were listed.
 pub fn pod_watch(client: &Client, selector: Option<&str>) -> Events {
-    // Pages of 5,000 rather than kube's 500: a cluster of 1,000,000 pods is listed in 200
-    // requests, not 2,000 (each page is decoded into compact pods as it comes, a few MiB).
-    let config = watcher::Config::default().page_size(LIST_PAGE);
     let config = match selector {
-        Some(selector) => config.labels(selector),
-        None => config,
+        Some(selector) => watcher::Config::default().labels(selector),
+        None => watcher::Config::default(),
     };
     // Decoded straight into the planner's compact pods: a full Pod is never built.
     let pods = watcher(Api::<Wire<CompactPod>>::all(client.clone()), config).default_backoff();
