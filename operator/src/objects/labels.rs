@@ -23,22 +23,41 @@ static INTERNER: Mutex<Option<Interner>> = Mutex::new(None);
 
 /// The shared copy of `s`.
 pub fn intern(s: &str) -> Sym {
+    with_interner(|interner| interner.get(s))
+}
+
+/// The shared copies of each key and value: the lock taken once for them all (an object's
+/// labels come a few dozen at a time, a large cluster's objects by the hundred thousand).
+fn intern_pairs<'a>(pairs: impl Iterator<Item = (&'a str, &'a str)>) -> Vec<(Sym, Sym)> {
+    with_interner(|interner| {
+        pairs
+            .map(|(k, v)| (interner.get(k), interner.get(v)))
+            .collect()
+    })
+}
+
+fn with_interner<T>(f: impl FnOnce(&mut Interner) -> T) -> T {
     let mut guard = INTERNER.lock().unwrap_or_else(PoisonError::into_inner);
-    let interner = guard.get_or_insert_with(|| Interner {
+    f(guard.get_or_insert_with(|| Interner {
         set: HashSet::new(),
         sweep_at: 1024,
-    });
-    if let Some(sym) = interner.set.get(s) {
-        return sym.clone();
+    }))
+}
+
+impl Interner {
+    fn get(&mut self, s: &str) -> Sym {
+        if let Some(sym) = self.set.get(s) {
+            return sym.clone();
+        }
+        if self.set.len() >= self.sweep_at {
+            self.set.retain(|s| Arc::strong_count(s) > 1);
+            self.set.shrink_to_fit();
+            self.sweep_at = (self.set.len() * 2).max(1024);
+        }
+        let sym: Sym = Arc::from(s);
+        self.set.insert(sym.clone());
+        sym
     }
-    if interner.set.len() >= interner.sweep_at {
-        interner.set.retain(|s| Arc::strong_count(s) > 1);
-        interner.set.shrink_to_fit();
-        interner.sweep_at = (interner.set.len() * 2).max(1024);
-    }
-    let sym: Sym = Arc::from(s);
-    interner.set.insert(sym.clone());
-    sym
 }
 
 /// An object's labels, sorted by key.
@@ -90,11 +109,10 @@ impl Labels {
 
 impl<K: AsRef<str>, V: AsRef<str>> FromIterator<(K, V)> for Labels {
     fn from_iter<I: IntoIterator<Item = (K, V)>>(iter: I) -> Self {
-        Self::from_pairs(
-            iter.into_iter()
-                .map(|(k, v)| (intern(k.as_ref()), intern(v.as_ref())))
-                .collect(),
-        )
+        let pairs: Vec<(K, V)> = iter.into_iter().collect();
+        Self::from_pairs(intern_pairs(
+            pairs.iter().map(|(k, v)| (k.as_ref(), v.as_ref())),
+        ))
     }
 }
 
@@ -113,10 +131,11 @@ impl<'de> Deserialize<'de> for Labels {
                 f.write_str("a map of label keys to values")
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Labels, A::Error> {
-                let mut pairs = Vec::with_capacity(map.size_hint().unwrap_or(0));
-                while let Some((k, v)) = map.next_entry::<Text<'de>, Text<'de>>()? {
-                    pairs.push((intern(&k.0), intern(&v.0)));
+                let mut texts = Vec::with_capacity(map.size_hint().unwrap_or(0));
+                while let Some(pair) = map.next_entry::<Text<'de>, Text<'de>>()? {
+                    texts.push(pair);
                 }
+                let pairs = intern_pairs(texts.iter().map(|(k, v)| (&*k.0, &*v.0)));
                 Ok(Labels::from_pairs(pairs))
             }
         }

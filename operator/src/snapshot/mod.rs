@@ -2,22 +2,25 @@
 //! (`kind: List` or any `*List` with `items`), multi-document YAML, or a single object.
 //!
 //! Outside data, so read defensively:
-//! - JSON is streamed: one item is parsed at a time, and of a pod or node list's items only the
-//!   fields the planner reads are built (`prune`), then decoded into the planner's compact
-//!   objects ([`crate::objects`]), so a `kubectl get pods -A -o json` of a large cluster needs
-//!   memory for the kept fields only. Up to [`MAX_JSON_BYTES`].
+//! - JSON is read a chunk at a time and taken apart (`split`): one item is parsed at a time, from
+//!   a slice, and of a pod or node list's items only the fields the planner reads are built
+//!   (`prune`), then decoded into the planner's compact objects ([`crate::objects`]), so a
+//!   `kubectl get pods -A -o json` of a large cluster needs memory for the kept fields only.
+//!   Up to [`MAX_JSON_BYTES`].
 //! - YAML is parsed a document at a time (the parser holds one document), strictly (duplicate
 //!   keys, nesting depth: [`rocefabric_input::yaml`]). Up to [`MAX_YAML_BYTES`].
 //! - Objects are keyed by kind, namespace and name: one given twice is counted once and noted,
 //!   or refused when the two copies differ.
 //! - Names are checked as the API server checks them; type errors name the field path.
 //!
-//! One file per step: `stream` parses (a JSON stream, or YAML documents; `prune` says what of
-//! an item is built) and hands each object to `object`, which identifies it, tells a second
+//! One file per step: `split` takes JSON apart and `stream` parses YAML documents (`prune` says
+//! what of an item is built); each object goes to `object`, which identifies it, tells a second
 //! copy apart and keeps it.
 
+mod json;
 mod object;
 mod prune;
+mod split;
 mod stream;
 
 use std::collections::HashMap;
@@ -28,13 +31,13 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use rocefabric_api::validate::FieldError;
 use rocefabric_api::{RoceFabric, RoceNode};
 use rocefabric_input::read::{self, ReadError, human};
-use rocefabric_input::shown::shown_within;
 use rocefabric_input::yaml;
 use serde::de::DeserializeSeed;
 use serde_json::Value;
 
-use object::Kept;
-use stream::{Meter, Metered, Top};
+use object::{Kept, Origin, Place};
+use split::Split;
+use stream::Top;
 
 /// Most notes kept; the rest are counted.
 pub const MAX_NOTES: usize = 20;
@@ -46,7 +49,7 @@ pub const MAX_OBJECT_BYTES: u64 = 8 << 20;
 
 /// Largest YAML file loaded: YAML is parsed a whole document at a time.
 pub const MAX_YAML_BYTES: u64 = 256 << 20;
-/// Largest JSON file loaded: JSON is streamed, one object at a time.
+/// Largest JSON file loaded: JSON is read a chunk at a time, one object parsed at a time.
 pub const MAX_JSON_BYTES: u64 = 64 << 30;
 
 /// A file that cannot be loaded, naming the file and where in it.
@@ -135,7 +138,9 @@ pub struct Snapshot {
     page: Option<(Kind, Option<String>)>,
     /// Where each object was first seen, and its index in its list (or, for a fabric that could
     /// not be read, a digest of it), by kind, namespace and name.
-    seen: HashMap<(Kind, String), (String, Kept)>,
+    seen: HashMap<(Kind, String), (Origin, Kept)>,
+    /// The path of the file read last, shared by the [`Origin`]s of its objects.
+    last_path: Option<std::sync::Arc<Path>>,
 }
 
 impl Snapshot {
@@ -147,7 +152,9 @@ impl Snapshot {
             path: path.to_path_buf(),
             source,
         };
-        // JSON (`kubectl get -o json`) starts with `{` or `[`; anything else is YAML.
+        // JSON (`kubectl get -o json`) starts with `{` or `[`; anything else is YAML. Where the
+        // first byte kept is, past a byte order mark and whitespace: line, column.
+        let mut place = (1, 0);
         let json = loop {
             let buf = reader.fill_buf().map_err(io)?;
             if buf.is_empty() {
@@ -168,6 +175,13 @@ impl Snapshot {
             match buf.iter().position(|b| !b.is_ascii_whitespace()) {
                 Some(i) => break matches!(buf[i], b'{' | b'['),
                 None => {
+                    for &b in buf {
+                        place = if b == b'\n' {
+                            (place.0 + 1, 0)
+                        } else {
+                            (place.0, place.1 + 1)
+                        };
+                    }
                     let n = buf.len();
                     reader.consume(n);
                 }
@@ -175,7 +189,8 @@ impl Snapshot {
         };
         if json {
             let before = self.len();
-            return match self.load_json(reader, path, accept) {
+            let split = Split::reader(&mut reader, place.0, place.1);
+            return match self.load_json(split, path, accept) {
                 // Flow-style YAML (`{apiVersion: v1, ...}`) starts like JSON: when nothing was
                 // read as JSON, a small regular file gets a second reading as YAML.
                 Err(json @ SnapshotError::Syntax { .. })
@@ -212,18 +227,18 @@ impl Snapshot {
         self.load_str(&text, path, accept)
     }
 
-    /// Load one page of an API server list of `kind` (`GET /api/v1/pods?limit=N`), streamed
-    /// from `reader` and decoded as a JSON file is (each object bounded, checked and trimmed);
-    /// `source` names the request in errors. Returns the list's `continue` token, `None` on the
-    /// last page.
+    /// Load one page of an API server list of `kind` (`GET /api/v1/pods?limit=N`), read from
+    /// `bytes` (not copied) and decoded as a JSON file is (each object bounded, checked and
+    /// trimmed); `source` names the request in errors. Returns the list's `continue` token,
+    /// `None` on the last page.
     pub fn load_page(
         &mut self,
-        reader: impl Read,
+        bytes: &[u8],
         source: &Path,
         kind: Kind,
     ) -> Result<Option<String>, SnapshotError> {
         self.page = Some((kind, None));
-        let loaded = self.load_json(reader, source, &[kind]);
+        let loaded = self.load_json(Split::slice(bytes), source, &[kind]);
         let token = self.page.take().and_then(|(_, token)| token);
         loaded.map(|()| token.filter(|t| !t.is_empty()))
     }
@@ -275,14 +290,14 @@ impl Snapshot {
             self.load_document(&head, first_line, path, &place, accept)
                 .map_err(|e| e.unwrap_or_else(|e| syntax(document, e)))?;
             for (i, (line, item)) in items.into_iter().enumerate() {
-                let place = format!("{place}, item {i}");
+                let item_place = Place::item(&place, i);
                 if item.len() as u64 > MAX_OBJECT_BYTES {
-                    return Err(too_large(&place, line));
+                    return Err(too_large(&item_place.to_string(), line));
                 }
                 let mut values = yaml::documents(&item)
                     .map_err(|e| syntax(document, yaml::shift_lines(e, line - 1, dedent)))?;
                 let value = values.pop().unwrap_or(Value::Null);
-                self.add(value, path, &place, accept)?;
+                self.add(value, path, item_place, accept)?;
             }
         }
         Ok(())
@@ -307,7 +322,6 @@ impl Snapshot {
                 place,
                 accept,
                 failure: &mut failure,
-                meter: None,
             };
             match (seed.deserialize(parsed), failure) {
                 (_, Some(e)) => return Err(Ok(e)),
@@ -320,56 +334,6 @@ impl Snapshot {
             }
         }
         Ok(())
-    }
-
-    /// Stream one JSON document: a List's items are added one at a time.
-    fn load_json(
-        &mut self,
-        reader: impl Read,
-        path: &Path,
-        accept: &[Kind],
-    ) -> Result<(), SnapshotError> {
-        let mut failure = None;
-        let meter = Meter::default();
-        meter.start_object();
-        // Buffered above the meter: serde_json reads a byte at a time, and a byte through the
-        // meter each would cost more than the parse (the meter then runs up to one buffer
-        // ahead of the parser, well inside the margin between 8 MiB and the API's 3 MiB).
-        let metered = Metered {
-            inner: reader,
-            meter: &meter,
-        };
-        let mut de = serde_json::Deserializer::from_reader(std::io::BufReader::with_capacity(
-            64 * 1024,
-            metered,
-        ));
-        let seed = Top {
-            snapshot: self,
-            path,
-            place: "top level",
-            accept,
-            failure: &mut failure,
-            meter: Some(&meter),
-        };
-        let result = seed.deserialize(&mut de).and_then(|()| de.end());
-        match (failure, result) {
-            (Some(e), _) => Err(e),
-            (None, Ok(())) => Ok(()),
-            (None, Err(e)) => Err(SnapshotError::Syntax {
-                path: path.to_path_buf(),
-                place: format!("line {} column {}", e.line(), e.column()),
-                format: "JSON",
-                reason: shown_within(&strip_position(&e.to_string()), yaml::MAX_MESSAGE_CHARS),
-            }),
-        }
-    }
-}
-
-/// serde_json's message without its trailing "at line L column C" (the place says it).
-fn strip_position(message: &str) -> String {
-    match message.rfind(" at line ") {
-        Some(i) => message[..i].to_string(),
-        None => message.to_string(),
     }
 }
 
@@ -412,6 +376,86 @@ mod tests {
         )
         .expect("write");
         assert!(snap.load_file(&path, &[Kind::Node]).is_err());
+    }
+
+    #[test]
+    fn a_copy_is_noted_naming_both_places() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pod = serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "a", "namespace": "ns"}});
+        let json = dir.path().join("pods.json");
+        let list = serde_json::json!({"kind": "List", "items": [{"kind": "Pod",
+            "metadata": {"name": "b", "namespace": "ns"}}, pod]});
+        std::fs::write(&json, list.to_string()).expect("write");
+        let yaml = dir.path().join("pods.yaml");
+        let text = "kind: List\nitems:\n\
+                    - {apiVersion: v1, kind: Pod, metadata: {name: a, namespace: ns}}\n";
+        std::fs::write(
+            &yaml,
+            format!("kind: Pod\nmetadata: {{name: c, namespace: ns}}\n---\n{text}"),
+        )
+        .expect("write");
+        let mut snap = Snapshot::default();
+        snap.load_file(&json, &[Kind::Pod]).expect("loads");
+        snap.load_file(&yaml, &[Kind::Pod]).expect("loads");
+        assert_eq!(
+            snap.notes,
+            [format!(
+                "Pod ns/a is given twice ({} item 1 (Pod a); {} document 2, item 0 (Pod a)): \
+                 counted once",
+                json.display(),
+                yaml.display()
+            )]
+        );
+        let other = dir.path().join("other.json");
+        std::fs::write(
+            &other,
+            pod.to_string().replace("\"ns\"", "\"ns\", \"uid\": \"u\""),
+        )
+        .expect("write");
+        let e = snap.load_file(&other, &[Kind::Pod]).expect_err("differs");
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "{0}: top level (Pod a): Pod ns/a was already given, with other contents, at \
+                 {1} item 1 (Pod a): give one copy",
+                other.display(),
+                json.display()
+            )
+        );
+    }
+
+    #[test]
+    fn a_syntax_error_past_the_first_chunks_is_placed_in_the_whole_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("pods.json");
+        // Pretty, as kubectl writes it: a few MiB of lines, and a fault in the last item.
+        let pod = |i: usize| {
+            serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": format!("p{i}"), "namespace": "ns",
+                    "annotations": {"note": "x".repeat(500)}}})
+        };
+        let items: Vec<_> = (0..5000).map(pod).collect();
+        let text =
+            serde_json::to_string_pretty(&serde_json::json!({"kind": "List", "items": items}))
+                .expect("renders");
+        let at = text.rfind("\"ns\"").expect("a namespace");
+        let text = format!("{}\"ns\" \"x\"{}", &text[..at], &text[at + 4..]);
+        assert!(text.len() > 2 << 20, "{} bytes", text.len());
+        std::fs::write(&path, &text).expect("write");
+        let whole = serde_json::from_str::<Value>(&text).expect_err("malformed");
+        let e = Snapshot::default()
+            .load_file(&path, &[Kind::Pod])
+            .expect_err("malformed");
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "{}: line {} column {}: invalid JSON: expected `,` or `}}`",
+                path.display(),
+                whole.line(),
+                whole.column()
+            )
+        );
     }
 
     #[test]

@@ -2,30 +2,104 @@
 //! (kind, names as the API server checks them), a second copy of one told apart from a
 //! conflicting one, and the object kept, cut to what the planner reads.
 
+use std::fmt;
 use std::path::Path;
+use std::sync::Arc;
 
 use rocefabric_api::RoceFabric;
 use rocefabric_api::structural::{dns_label, dns_subdomain};
 use rocefabric_api::validate::{self, FieldError};
 use rocefabric_input::shown;
 use rocefabric_input::yaml;
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::objects::{CompactNode, CompactPod};
 
 use super::{InvalidFabric, Kind, MAX_NOTES, Snapshot, SnapshotError};
 
+/// A place in a file: `top level`, `document 2`, `item 7`, `document 2, item 7`. Its text is
+/// made only when it is shown: every object has one, few are ever named.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Place<'a> {
+    within: &'a str,
+    item: Option<usize>,
+}
+
+impl<'a> Place<'a> {
+    pub(super) fn at(place: &'a str) -> Self {
+        Place {
+            within: place,
+            item: None,
+        }
+    }
+
+    /// Item `i` of the List at `within` (`""`: of the file's top-level List).
+    pub(super) fn item(within: &'a str, i: usize) -> Self {
+        Place {
+            within,
+            item: Some(i),
+        }
+    }
+
+    /// The place naming the object found there.
+    fn naming(self, kind: &str, name: &str) -> String {
+        format!("{self} ({} {})", shown(kind), shown(name))
+    }
+}
+
+impl fmt::Display for Place<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.within, self.item) {
+            (within, None) => f.write_str(within),
+            ("", Some(i)) => write!(f, "item {i}"),
+            (within, Some(i)) => write!(f, "{within}, item {i}"),
+        }
+    }
+}
+
+/// Where an object was first seen, kept for each object to name it if a second copy comes.
+#[derive(Clone, Debug)]
+pub(super) struct Origin {
+    path: Arc<Path>,
+    /// A [`Place`], owned (`within` is empty, and allocates nothing, for a List's items).
+    within: Box<str>,
+    item: Option<usize>,
+}
+
+impl Origin {
+    fn place(&self) -> Place<'_> {
+        Place {
+            within: &self.within,
+            item: self.item,
+        }
+    }
+}
+
 /// An object identified by its metadata, not yet kept.
-struct Identified {
+struct Identified<'p> {
     kind: Kind,
-    /// `metadata.name`, or `<unnamed>`.
-    name: String,
-    /// `namespace/name` of namespaced kinds, else the name: what tells two objects apart.
+    /// `namespace/name` of namespaced kinds, else the name (`<unnamed>` without one): what
+    /// tells two objects apart.
     key: String,
-    /// The place in the file, naming the object.
-    place: String,
+    place: Place<'p>,
     /// Whether `metadata.name` was given (an unnamed object is never a second copy).
     named: bool,
+}
+
+impl Identified<'_> {
+    /// `metadata.name`, or `<unnamed>`: the key less its namespace (which names refuse, as
+    /// namespaced objects need one).
+    fn name(&self) -> &str {
+        match (self.kind.namespaced(), self.key.split_once('/')) {
+            (true, Some((_, name))) => name,
+            _ => &self.key,
+        }
+    }
+
+    /// The place in the file, naming the object.
+    fn place(&self) -> String {
+        self.place.naming(self.kind.as_str(), self.name())
+    }
 }
 
 fn object_error(path: &Path, place: &str, reason: String) -> SnapshotError {
@@ -38,23 +112,17 @@ fn object_error(path: &Path, place: &str, reason: String) -> SnapshotError {
 
 /// Identify `value` read at `place` of `path`: its kind must be one of `accept`, and its names
 /// as the API server requires (a fabric's are checked by its own validation).
-fn identify(
+fn identify<'p>(
     value: &Value,
     kind: &str,
     path: &Path,
-    place: &str,
+    place: Place<'p>,
     accept: &[Kind],
-) -> Result<Identified, SnapshotError> {
-    let name = value
-        .pointer("/metadata/name")
+) -> Result<Identified<'p>, SnapshotError> {
+    let name = metadata(value, "name")
         .and_then(Value::as_str)
-        .unwrap_or("<unnamed>")
-        .to_string();
-    let namespace = value
-        .pointer("/metadata/namespace")
-        .and_then(Value::as_str)
-        .map(str::to_string);
-    let place = format!("{place} ({} {})", shown(kind), shown(&name));
+        .unwrap_or("<unnamed>");
+    let namespace = metadata(value, "namespace").and_then(Value::as_str);
     let Some(k) = Kind::parse(kind).filter(|k| accept.contains(k)) else {
         let expected = accept
             .iter()
@@ -63,68 +131,101 @@ fn identify(
             .join(" or ");
         return Err(object_error(
             path,
-            &place,
+            &place.naming(kind, name),
             format!("expected {expected}, found kind \"{}\"", shown(kind)),
         ));
     };
     if k != Kind::RoceFabric {
         // Fabrics are checked (name included) by their own validation, in `keep`.
-        check_names(value, k).map_err(|e| object_error(path, &place, e))?;
+        check_names(value, k).map_err(|e| object_error(path, &place.naming(kind, name), e))?;
     }
-    let key = match (&namespace, k.namespaced()) {
+    let key = match (namespace, k.namespaced()) {
         (Some(ns), true) => format!("{ns}/{name}"),
-        _ => name.clone(),
+        _ => name.to_string(),
     };
     Ok(Identified {
         kind: k,
-        name,
         key,
         place,
-        named: value.pointer("/metadata/name").is_some(),
+        named: metadata(value, "name").is_some(),
     })
 }
 
 impl Snapshot {
+    /// The top-level object of a document, once its `items` (if any) were added: a List's own
+    /// fields (whose `metadata.continue` ends or goes on a page, while one is loaded), or one
+    /// object.
+    pub(super) fn top_level(
+        &mut self,
+        fields: Map<String, Value>,
+        items: bool,
+        path: &Path,
+        place: Place<'_>,
+        accept: &[Kind],
+    ) -> Result<(), SnapshotError> {
+        if let Some((_, token)) = &mut self.page {
+            *token = fields
+                .get("metadata")
+                .and_then(|m| m.get("continue"))
+                .and_then(Value::as_str)
+                .map(str::to_string);
+        }
+        let kind = fields
+            .get("kind")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        match items {
+            true if !kind.ends_with("List") => Err(object_error(
+                path,
+                &place.to_string(),
+                format!("`items` in an object of kind {:?}, not a List", shown(kind)),
+            )),
+            true => Ok(()),
+            false => self.add(Value::Object(fields), path, place, accept),
+        }
+    }
+
     /// Add `value` read at `place` of `path`: a List's items one by one, or one object of a
     /// kind in `accept`.
     pub(super) fn add(
         &mut self,
         value: Value,
         path: &Path,
-        place: &str,
+        place: Place<'_>,
         accept: &[Kind],
     ) -> Result<(), SnapshotError> {
         // An API list's items carry no `kind`: the page's kind is theirs.
-        let Some(kind) = value
-            .get("kind")
-            .and_then(Value::as_str)
-            .map(str::to_string)
-            .or_else(|| self.page.as_ref().map(|(k, _)| k.as_str().to_string()))
-        else {
-            return Err(object_error(path, place, "object has no `kind`".into()));
+        let page = self.page.as_ref().map(|(k, _)| k.as_str());
+        let Some(kind) = value.get("kind").and_then(Value::as_str).or(page) else {
+            return Err(object_error(
+                path,
+                &place.to_string(),
+                "object has no `kind`".into(),
+            ));
         };
         if kind.ends_with("List") {
+            let kind = kind.to_string();
             let Value::Object(mut map) = value else {
                 unreachable!("an object has a kind")
             };
+            let within = place.to_string();
             let Some(Value::Array(items)) = map.remove("items") else {
                 return Err(object_error(
                     path,
-                    place,
+                    &within,
                     format!("{} has no `items` list", shown(&kind)),
                 ));
             };
             for (i, item) in items.into_iter().enumerate() {
-                self.add(item, path, &format!("{place}, item {i}"), accept)?;
+                self.add(item, path, Place::item(&within, i), accept)?;
             }
             return Ok(());
         }
-        let id = identify(&value, &kind, path, place, accept)?;
-        let first = self
-            .seen
-            .get(&(id.kind, id.key.clone()))
-            .filter(|_| id.named)
-            .cloned();
+        let mut id = identify(&value, kind, path, place, accept)?;
+        // Looked up with the key it will be kept under, not a copy of it.
+        let probe = (id.kind, std::mem::take(&mut id.key));
+        let first = self.seen.get(&probe).filter(|_| id.named).cloned();
+        id.key = probe.1;
         match first {
             Some((first, kept)) => self.again(&id, value, &first, kept, path),
             None => self.keep(id, value, path),
@@ -133,14 +234,8 @@ impl Snapshot {
 
     /// Keep an object seen for the first time, typed and cut to what the planner reads; a
     /// fabric the API server would reject is kept as its errors.
-    fn keep(&mut self, id: Identified, value: Value, path: &Path) -> Result<(), SnapshotError> {
-        let Identified {
-            kind: k,
-            name,
-            key,
-            place,
-            ..
-        } = id;
+    fn keep(&mut self, id: Identified<'_>, value: Value, path: &Path) -> Result<(), SnapshotError> {
+        let k = id.kind;
         // An unreadable fabric keeps no copy to compare a second one with: a digest of it does.
         let raw = (k == Kind::RoceFabric).then(|| digest(&value));
         let index = Kept::Index(match k {
@@ -151,26 +246,28 @@ impl Snapshot {
             Kind::ConfigMap => self.config_maps.len(),
         });
         let unreadable = self.unreadable_fabrics.len();
-        self.seen.insert(
-            (k, key.clone()),
-            (format!("{} {place}", path.display()), index),
-        );
-        let typed = |e: yaml::TypeError| object_error(path, &place, e.to_string());
+        let origin = Origin {
+            path: self.shared_path(path),
+            within: id.place.within.into(),
+            item: id.place.item,
+        };
+        self.seen.insert((k, id.key.clone()), (origin, index));
+        let typed = |e: yaml::TypeError| object_error(path, &id.place(), e.to_string());
         match k {
-            Kind::RoceFabric => self.keep_fabric(name, value),
+            Kind::RoceFabric => self.keep_fabric(id.name().to_string(), value),
             Kind::Node => {
-                let node: CompactNode = yaml::typed(value).map_err(typed)?;
+                let node: CompactNode = quick_typed(value).map_err(typed)?;
                 self.nodes.push(node);
             }
             Kind::Pod => {
-                let pod: CompactPod = yaml::typed(value).map_err(typed)?;
+                let pod: CompactPod = quick_typed(value).map_err(typed)?;
                 self.pods.push(pod);
             }
             Kind::RoceNode => self.roce_nodes.push(yaml::typed(value).map_err(typed)?),
             Kind::ConfigMap => self.config_maps.push(yaml::typed(value).map_err(typed)?),
         }
         if self.unreadable_fabrics.len() > unreadable
-            && let (Some(entry), Some(raw)) = (self.seen.get_mut(&(k, key)), raw)
+            && let (Some(entry), Some(raw)) = (self.seen.get_mut(&(k, id.key.clone())), raw)
         {
             entry.1 = Kept::Digest(raw);
         }
@@ -198,13 +295,21 @@ impl Snapshot {
         }
     }
 
+    /// `path`, shared by the objects read from it: the same file's path is made once.
+    fn shared_path(&mut self, path: &Path) -> Arc<Path> {
+        match &self.last_path {
+            Some(shared) if **shared == *path => shared.clone(),
+            _ => self.last_path.insert(Arc::from(path)).clone(),
+        }
+    }
+
     /// An object seen before (first at `first`, kept as `kept`): the same copy is noted and
     /// counted once; a different one (another uid or content) is an error naming both places.
     fn again(
         &mut self,
-        id: &Identified,
+        id: &Identified<'_>,
         value: Value,
-        first: &str,
+        first: &Origin,
         kept: Kept,
         path: &Path,
     ) -> Result<(), SnapshotError> {
@@ -242,11 +347,17 @@ impl Snapshot {
             Kind::ConfigMap => same(self.config_maps.get(i), value, |_| ()),
         };
         let what = format!("{} {}", id.kind.as_str(), shown(&id.key));
-        let here = format!("{} {}", path.display(), id.place);
+        let place = id.place();
+        let here = format!("{} {place}", path.display());
+        let first = format!(
+            "{} {}",
+            first.path.display(),
+            first.place().naming(id.kind.as_str(), id.name())
+        );
         if !same {
             return Err(object_error(
                 path,
-                &id.place,
+                &place,
                 format!("{what} was already given, with other contents, at {first}: give one copy"),
             ));
         }
@@ -258,6 +369,16 @@ impl Snapshot {
             self.notes_left_out += 1;
         }
         Ok(())
+    }
+}
+
+/// `value` as a `T`, read from a borrow first: tracking the path of each field (for an error to
+/// name it) is most of a typed read's cost, so only a value that does not read is read again,
+/// with its path.
+fn quick_typed<T: serde::de::DeserializeOwned>(value: Value) -> Result<T, yaml::TypeError> {
+    match T::deserialize(&value) {
+        Ok(t) => Ok(t),
+        Err(_) => yaml::typed(value),
     }
 }
 
@@ -277,13 +398,14 @@ fn digest(value: &Value) -> u64 {
     h.finish()
 }
 
+/// `metadata.<field>` of `value` (not `Value::pointer`, which allocates each step of its path).
+fn metadata<'a>(value: &'a Value, field: &str) -> Option<&'a Value> {
+    value.get("metadata")?.get(field)
+}
+
 /// `metadata.name` (and `metadata.namespace` of namespaced kinds) as the API server requires.
 fn check_names(value: &Value, kind: Kind) -> Result<(), String> {
-    let field = |f: &str| {
-        value
-            .pointer(&format!("/metadata/{f}"))
-            .and_then(Value::as_str)
-    };
+    let field = |f: &str| metadata(value, f).and_then(Value::as_str);
     let name = field("name").ok_or("metadata.name: Required value: name is required")?;
     dns_subdomain(name)
         .map_err(|why| format!("metadata.name: Invalid value: \"{}\": {why}", shown(name)))?;
