@@ -205,14 +205,13 @@ impl Executor {
     ) -> Result<Outcome, ApplyError> {
         // The API server answers with the whole object, which nothing here reads: a rollout
         // sends one apply per node, and decoding each answer cost more CPU than sending it.
-        let request = kube::core::Request::new(RoceNode::url_path(&(), None))
-            .patch(name, &ssa(), &Patch::Apply(body))
-            .map_err(kube::Error::BuildRequest);
-        let sent = match request {
-            Ok(request) => self.client.request_text(request).await.map(drop),
-            Err(e) => Err(e),
+        let sent = async {
+            let request = kube::core::Request::new(RoceNode::url_path(&(), None))
+                .patch(name, &ssa(), &Patch::Apply(body))
+                .map_err(kube::Error::BuildRequest)?;
+            self.client.request_text(request).await.map(drop)
         };
-        sent.map_err(|source| ApplyError::Api {
+        sent.await.map_err(|source| ApplyError::Api {
             op: "apply",
             target: format!("rocenode {name}"),
             source,

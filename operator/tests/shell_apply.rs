@@ -612,3 +612,37 @@ async fn a_long_paced_pass_keeps_healthz_alive() {
     assert!(summary.throttled >= Duration::from_secs(99));
     assert_eq!(health.stalled_for(), None);
 }
+
+/// A RoceNode apply the API server refuses (its answer is never decoded on success) fails the
+/// write with the API's reason and names the node.
+#[tokio::test]
+async fn a_refused_roce_node_apply_fails_naming_the_node_and_the_reason() {
+    let (client, mut api) = mock_client();
+    let ctx = Context::always_leader(client, "op-0", Arc::new(Metrics::new()));
+    let task = tokio::spawn(async move {
+        let mut summary = PassSummary::default();
+        execute_all(
+            &ctx,
+            &[roce_node_write("n1"), roce_node_write("n2")],
+            &mut summary,
+        )
+        .await;
+        summary
+    });
+    api.expect(Method::PATCH, &format!("{ROCENODES}/n1"), SSA)
+        .await
+        .fail(422, "Invalid");
+    api.expect(Method::PATCH, &format!("{ROCENODES}/n2"), SSA)
+        .await
+        .echo();
+    let summary = task.await.expect("joined");
+    assert_eq!((summary.done, summary.failures.len()), (1, 1));
+    let (kind, err) = &summary.failures[0];
+    assert_eq!(*kind, "apply_roce_node");
+    let text = err.to_string();
+    assert!(
+        text.contains("rocenode n1") && text.contains("Invalid"),
+        "{text}"
+    );
+    assert_eq!(err.metric_label(), "invalid");
+}
