@@ -45,6 +45,19 @@ impl TokenBucket {
         self.qps.is_nan() || self.qps <= 0.0
     }
 
+    /// How many writes may go out together: a tenth of a second's worth of tokens, between 1 and
+    /// `most` (all of `most` when unlimited). Sent together, they wake the process once, not once
+    /// each; the rate over any window longer than that tenth of a second is unchanged.
+    pub fn batch(&self, most: usize) -> usize {
+        if self.is_unlimited() {
+            return most.max(1);
+        }
+        // Truncation is the point: whole writes; NaN was handled above.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let tenth = (self.qps / 10.0).floor().min(most as f64) as usize;
+        tenth.clamp(1, most.max(1))
+    }
+
     /// Take one token at `now`; returns how long to wait before the write it pays for may go.
     /// A caller that waits and then writes stays within `qps` over any window longer than
     /// `burst / qps`.
@@ -108,6 +121,16 @@ mod tests {
         let span = now - t0;
         assert!(span >= Duration::from_secs_f64(979.0 / 100.0), "{span:?}");
         assert!(span <= Duration::from_secs_f64(981.0 / 100.0), "{span:?}");
+    }
+
+    #[test]
+    fn a_batch_is_a_tenth_of_a_second_of_writes_within_its_bounds() {
+        assert_eq!(TokenBucket::new(100.0, 200).batch(16), 10);
+        assert_eq!(TokenBucket::new(1000.0, 200).batch(16), 16);
+        assert_eq!(TokenBucket::new(10.0, 2).batch(16), 1);
+        assert_eq!(TokenBucket::new(0.5, 1).batch(16), 1);
+        assert_eq!(TokenBucket::unlimited().batch(16), 16);
+        assert_eq!(TokenBucket::unlimited().batch(0), 1);
     }
 
     #[test]

@@ -498,11 +498,20 @@ async fn a_follower_sends_nothing() {
     ));
 }
 
+/// SIGTERM while a batch of RoceNode writes is in flight: the batch completes, nothing after it
+/// is sent.
 #[tokio::test(start_paused = true)]
 async fn shutdown_stops_a_pass_before_its_next_write() {
     let (client, mut api) = mock_client();
     let ctx = Context::always_leader(client, "op-0", Arc::new(Metrics::new()));
-    let writes = vec![roce_node_write("n1"), roce_node_write("n2")];
+    let writes = vec![
+        roce_node_write("n1"),
+        roce_node_write("n2"),
+        Write::DeleteRegionDirectory {
+            namespace: "team".into(),
+            fabric: "dgx".into(),
+        },
+    ];
     let stop = ctx.stop.clone();
     let task = tokio::spawn(async move {
         let mut summary = PassSummary::default();
@@ -512,16 +521,67 @@ async fn shutdown_stops_a_pass_before_its_next_write() {
     let first = api
         .expect(Method::PATCH, &format!("{ROCENODES}/n1"), SSA)
         .await;
-    // SIGTERM while the first write is in flight: it completes, the second is not sent.
+    let second = api
+        .expect(Method::PATCH, &format!("{ROCENODES}/n2"), SSA)
+        .await;
     stop.cancel();
     first.echo();
+    second.echo();
     api.assert_no_request(Duration::from_secs(5)).await;
     let summary = task.await.expect("joined");
-    assert_eq!((summary.done, summary.unsent), (1, 1));
+    assert_eq!((summary.done, summary.unsent), (2, 1));
     assert!(matches!(
         summary.into_result(),
         Err(ReconcileError::ShuttingDown { remaining: 1 })
     ));
+}
+
+/// At `--write-qps 100`, RoceNode writes go out ten at a time (a tenth of a second of the rate),
+/// each batch once its last write is paid for, the next only once the batch is answered; the
+/// pod write after them waits for the last batch's answers.
+#[tokio::test(start_paused = true)]
+async fn roce_node_writes_go_in_paced_batches_and_the_next_write_waits_for_them() {
+    let (client, mut api) = mock_client();
+    let ctx = Context::always_leader(client, "op-0", Arc::new(Metrics::new()));
+    *ctx.write_limit.lock().await = TokenBucket::new(100.0, 1);
+    let mut writes: Vec<Write> = (0..25)
+        .map(|i| roce_node_write(&format!("n{i:02}")))
+        .collect();
+    writes.extend(annotate_gate_then_delete().into_iter().take(1));
+    let task = tokio::spawn(async move {
+        let mut summary = PassSummary::default();
+        execute_all(&ctx, &writes, &mut summary).await;
+        summary
+    });
+    let start = tokio::time::Instant::now();
+    let mut batches = Vec::new();
+    let mut i = 0;
+    while i < 25 {
+        let mut held = vec![
+            api.expect(Method::PATCH, &format!("{ROCENODES}/n{i:02}"), SSA)
+                .await,
+        ];
+        let at = (tokio::time::Instant::now() - start).as_millis();
+        i += 1;
+        // The rest of the batch is already sent, at the same instant.
+        while let Some(r) = api.try_next(Duration::from_millis(1)).await {
+            assert_eq!(r.path, format!("{ROCENODES}/n{i:02}"));
+            held.push(r);
+            i += 1;
+        }
+        batches.push((held.len(), at));
+        if i == 25 {
+            // Unanswered, the last batch holds back the pod write.
+            api.assert_no_request(Duration::from_secs(1)).await;
+        }
+        held.into_iter().for_each(|r| r.echo());
+    }
+    assert_eq!(batches, [(10, 90), (10, 190), (5, 240)], "(writes, ms)");
+    api.expect(Method::PATCH, "/api/v1/namespaces/team/pods/w0", MANAGED)
+        .await
+        .ok(&pod_json("w0", &[], true));
+    let summary = task.await.expect("joined");
+    assert_eq!((summary.done, summary.failures.len()), (26, 0));
 }
 
 /// A write the API server never answers fails after `WRITE_TIMEOUT` (the pass goes on, the gate

@@ -168,6 +168,14 @@ impl ApiServerVerifier {
         call
     }
 
+    /// The next request if one arrives within `within`.
+    pub async fn try_next(&mut self, within: Duration) -> Option<Call> {
+        match tokio::time::timeout(within, self.handle.next_request()).await {
+            Ok(Some((request, responder))) => Some(Call::read(request, Some(responder)).await),
+            _ => None,
+        }
+    }
+
     /// Assert that no request arrives within `within`.
     pub async fn assert_no_request(&mut self, within: Duration) {
         if let Ok(Some((request, _))) =
