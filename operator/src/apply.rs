@@ -151,7 +151,8 @@ impl Executor {
     }
 
     /// Execute `write`.
-    #[tracing::instrument(skip_all, fields(kind = write.kind()))]
+    // A debug span: at info, a rollout would build one span per node for nothing.
+    #[tracing::instrument(level = "debug", skip_all, fields(kind = write.kind()))]
     pub async fn execute(&self, write: &Write) -> Result<Outcome, ApplyError> {
         match write {
             Write::ApplyRoceNode {

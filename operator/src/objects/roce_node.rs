@@ -4,10 +4,12 @@
 //! the spec, and a rollout brings two events per node: the decode was most of what a RoceNode
 //! event cost the operator.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use rocefabric_api::{RoceNode, RoceNodeSpec, RoceNodeStatus};
-use serde::de::{self, Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
-use serde_json::{Map, Value};
+use serde::Deserialize;
+use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
 
 use super::wire::Compact;
 
@@ -35,7 +37,7 @@ impl<'de> Visitor<'de> for Trimmed {
         let (mut metadata, mut spec, mut status) = (None, None, None);
         while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
             match &*key {
-                "metadata" => metadata = Some(map.next_value::<Meta>()?.0),
+                "metadata" => metadata = Some(ObjectMeta::from(map.next_value::<Meta>()?)),
                 "spec" => spec = Some(map.next_value::<RoceNodeSpec>()?),
                 "status" => status = map.next_value::<Option<RoceNodeStatus>>()?,
                 _ => {
@@ -51,39 +53,68 @@ impl<'de> Visitor<'de> for Trimmed {
     }
 }
 
-/// Object metadata without its managedFields.
-struct Meta(ObjectMeta);
+/// Object metadata without its managedFields: every field of `ObjectMeta` but that one, decoded
+/// straight from the stream (unknown keys, managedFields among them, are skipped unbuilt).
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Meta {
+    #[serde(default)]
+    annotations: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    creation_timestamp: Option<Time>,
+    #[serde(default)]
+    deletion_grace_period_seconds: Option<i64>,
+    #[serde(default)]
+    deletion_timestamp: Option<Time>,
+    #[serde(default)]
+    finalizers: Option<Vec<String>>,
+    #[serde(default)]
+    generate_name: Option<String>,
+    #[serde(default)]
+    generation: Option<i64>,
+    #[serde(default)]
+    labels: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    namespace: Option<String>,
+    #[serde(default)]
+    owner_references: Option<Vec<OwnerReference>>,
+    #[serde(default)]
+    resource_version: Option<String>,
+    #[serde(default)]
+    self_link: Option<String>,
+    #[serde(default)]
+    uid: Option<String>,
+}
 
-impl<'de> Deserialize<'de> for Meta {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Fields;
-        impl<'de> Visitor<'de> for Fields {
-            type Value = Map<String, Value>;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("object metadata")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                let mut kept = Map::new();
-                while let Some(key) = map.next_key::<String>()? {
-                    if key == "managedFields" {
-                        map.next_value::<IgnoredAny>()?;
-                    } else {
-                        kept.insert(key, map.next_value()?);
-                    }
-                }
-                Ok(kept)
-            }
+impl From<Meta> for ObjectMeta {
+    fn from(m: Meta) -> Self {
+        // Every field named: a field k8s-openapi adds fails the build here, not silently.
+        ObjectMeta {
+            annotations: m.annotations,
+            creation_timestamp: m.creation_timestamp,
+            deletion_grace_period_seconds: m.deletion_grace_period_seconds,
+            deletion_timestamp: m.deletion_timestamp,
+            finalizers: m.finalizers,
+            generate_name: m.generate_name,
+            generation: m.generation,
+            labels: m.labels,
+            managed_fields: None,
+            name: m.name,
+            namespace: m.namespace,
+            owner_references: m.owner_references,
+            resource_version: m.resource_version,
+            self_link: m.self_link,
+            uid: m.uid,
         }
-        let kept = d.deserialize_map(Fields)?;
-        ObjectMeta::deserialize(Value::Object(kept))
-            .map(Meta)
-            .map_err(de::Error::custom)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Value;
     use crate::objects::Wire;
 
     fn node() -> Value {
@@ -92,7 +123,11 @@ mod tests {
         spec["fabricGeneration"] = 2.into();
         serde_json::json!({"apiVersion": "rocefabric.io/v1alpha1", "kind": "RoceNode",
             "metadata": {"name": "n1", "uid": "u", "resourceVersion": "42", "generation": 3,
-                "labels": {"rocefabric.io/fabric": "f"},
+                "labels": {"rocefabric.io/fabric": "f"}, "annotations": {"a": "b"},
+                "creationTimestamp": "2026-01-01T00:00:00Z", "finalizers": ["x/y"],
+                "ownerReferences": [{"apiVersion": "rocefabric.io/v1alpha1", "kind": "RoceFabric",
+                    "name": "f", "uid": "fu", "controller": true}],
+                "futureField": {"nested": [1, 2]},
                 "managedFields": [
                     {"manager": "rocefabric-operator", "operation": "Apply", "fieldsType": "FieldsV1",
                      "fieldsV1": {"f:spec": {"f:fabric": {}, "f:qos": {"f:mtu": {}}}}},
@@ -116,6 +151,8 @@ mod tests {
             serde_json::to_value(&full).expect("encodes")
         );
         assert_eq!(wire.object.spec.fabric_generation, 2);
+        assert_eq!(wire.object.metadata.owner_references.as_ref().map(Vec::len), Some(1));
+        assert!(wire.object.metadata.creation_timestamp.is_some());
         assert_eq!(
             kube::Resource::meta(&wire).resource_version.as_deref(),
             Some("42")
