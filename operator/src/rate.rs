@@ -45,17 +45,17 @@ impl TokenBucket {
         self.qps.is_nan() || self.qps <= 0.0
     }
 
-    /// How many writes may go out together: a tenth of a second's worth of tokens, between 1 and
-    /// `most` (all of `most` when unlimited). Sent together, they wake the process once, not once
-    /// each; the rate over any window longer than that tenth of a second is unchanged.
+    /// How many writes may go out together: half a second's worth of tokens, between 1 and `most`
+    /// (all of `most` when unlimited). Sent together, they wake the process once, not once each;
+    /// the rate over any window longer than that half second is unchanged.
     pub fn batch(&self, most: usize) -> usize {
         if self.is_unlimited() {
             return most.max(1);
         }
         // Truncation is the point: whole writes; NaN was handled above.
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-        let tenth = (self.qps / 10.0).floor().min(most as f64) as usize;
-        tenth.clamp(1, most.max(1))
+        let half_second = (self.qps / 2.0).floor().min(most as f64) as usize;
+        half_second.clamp(1, most.max(1))
     }
 
     /// Take one token at `now`; returns how long to wait before the write it pays for may go.
@@ -124,11 +124,11 @@ mod tests {
     }
 
     #[test]
-    fn a_batch_is_a_tenth_of_a_second_of_writes_within_its_bounds() {
-        assert_eq!(TokenBucket::new(100.0, 200).batch(16), 10);
-        assert_eq!(TokenBucket::new(1000.0, 200).batch(16), 16);
-        assert_eq!(TokenBucket::new(10.0, 2).batch(16), 1);
-        assert_eq!(TokenBucket::new(0.5, 1).batch(16), 1);
+    fn a_batch_is_half_a_second_of_writes_within_its_bounds() {
+        assert_eq!(TokenBucket::new(100.0, 200).batch(64), 50);
+        assert_eq!(TokenBucket::new(1000.0, 200).batch(64), 64);
+        assert_eq!(TokenBucket::new(3.0, 2).batch(64), 1);
+        assert_eq!(TokenBucket::new(0.5, 1).batch(64), 1);
         assert_eq!(TokenBucket::unlimited().batch(16), 16);
         assert_eq!(TokenBucket::unlimited().batch(0), 1);
     }

@@ -536,14 +536,14 @@ async fn shutdown_stops_a_pass_before_its_next_write() {
     ));
 }
 
-/// At `--write-qps 100`, RoceNode writes go out ten at a time (a tenth of a second of the rate),
+/// At `--write-qps 20`, RoceNode writes go out ten at a time (half a second of the rate),
 /// each batch once its last write is paid for, the next only once the batch is answered; the
 /// pod write after them waits for the last batch's answers.
 #[tokio::test(start_paused = true)]
 async fn roce_node_writes_go_in_paced_batches_and_the_next_write_waits_for_them() {
     let (client, mut api) = mock_client();
     let ctx = Context::always_leader(client, "op-0", Arc::new(Metrics::new()));
-    *ctx.write_limit.lock().await = TokenBucket::new(100.0, 1);
+    *ctx.write_limit.lock().await = TokenBucket::new(20.0, 1);
     let mut writes: Vec<Write> = (0..25)
         .map(|i| roce_node_write(&format!("n{i:02}")))
         .collect();
@@ -576,7 +576,7 @@ async fn roce_node_writes_go_in_paced_batches_and_the_next_write_waits_for_them(
         }
         held.into_iter().for_each(|r| r.echo());
     }
-    assert_eq!(batches, [(10, 90), (10, 190), (5, 240)], "(writes, ms)");
+    assert_eq!(batches, [(10, 450), (10, 950), (5, 1200)], "(writes, ms)");
     api.expect(Method::PATCH, "/api/v1/namespaces/team/pods/w0", MANAGED)
         .await
         .ok(&pod_json("w0", &[], true));
@@ -614,13 +614,13 @@ async fn a_hung_write_fails_after_the_write_timeout() {
     assert_eq!(summary.failures[0].1.metric_label(), "timeout");
 }
 
-/// `--write-qps 10 --write-burst 2`: two writes go at once, each further one 100 ms after the
-/// one before, as the API server sees them arrive.
+/// `--write-qps 2 --write-burst 2` (a batch of one): two writes go at once, each further one
+/// 500 ms after the one before, as the API server sees them arrive.
 #[tokio::test(start_paused = true)]
 async fn writes_are_paced_by_the_write_rate_limit() {
     let (client, mut api) = mock_client();
     let ctx = Context::always_leader(client, "op-0", Arc::new(Metrics::new()));
-    *ctx.write_limit.lock().await = TokenBucket::new(10.0, 2);
+    *ctx.write_limit.lock().await = TokenBucket::new(2.0, 2);
     let writes: Vec<Write> = (0..5).map(|i| roce_node_write(&format!("n{i}"))).collect();
     let task = tokio::spawn(async move {
         let mut summary = PassSummary::default();
@@ -637,8 +637,8 @@ async fn writes_are_paced_by_the_write_rate_limit() {
     }
     let summary = task.await.expect("joined");
     assert_eq!(summary.done, 5);
-    assert_eq!(arrived, [0, 0, 100, 200, 300], "arrival times in ms");
-    assert_eq!(summary.throttled, Duration::from_millis(300));
+    assert_eq!(arrived, [0, 0, 500, 1000, 1500], "arrival times in ms");
+    assert_eq!(summary.throttled, Duration::from_millis(1500));
 }
 
 /// A paced pass that lasts longer than `/healthz`'s stall window is progress: every finished write

@@ -114,8 +114,8 @@ impl From<Meta> for ObjectMeta {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::Value;
     use crate::objects::Wire;
+    use serde_json::Value;
 
     fn node() -> Value {
         let mut spec = serde_json::to_value(RoceNodeSpec::default()).expect("encodes");
@@ -151,7 +151,10 @@ mod tests {
             serde_json::to_value(&full).expect("encodes")
         );
         assert_eq!(wire.object.spec.fabric_generation, 2);
-        assert_eq!(wire.object.metadata.owner_references.as_ref().map(Vec::len), Some(1));
+        assert_eq!(
+            wire.object.metadata.owner_references.as_ref().map(Vec::len),
+            Some(1)
+        );
         assert!(wire.object.metadata.creation_timestamp.is_some());
         assert_eq!(
             kube::Resource::meta(&wire).resource_version.as_deref(),
