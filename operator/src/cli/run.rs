@@ -54,7 +54,8 @@ pub struct RunArgs {
     /// Reconcile at least this often, in seconds, even when nothing changed.
     #[arg(long, default_value_t = 300)]
     pub resync_seconds: u64,
-    /// Sustained writes a second toward the API server (0: no limit).
+    /// Sustained writes a second toward the API server (0: no limit). RoceNode writes go in
+    /// batches of half a second of this rate, at most 64 in flight.
     #[arg(long, default_value_t = crate::rate::DEFAULT_QPS, value_parser = qps)]
     pub write_qps: f64,
     /// List and watch only pods matching this label selector (e.g. `rocefabric.io/fabric`)

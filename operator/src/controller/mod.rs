@@ -6,8 +6,9 @@
 //! what the planner reads ([`crate::objects`]), and pods it can never act on are not kept. A replica reports ready once every
 //! watch has listed. Only the leader plans and writes: on any change (debounced), on the plan's
 //! `requeue_after`, on a periodic resync, and when it becomes leader (a full pass, its memory
-//! forgotten), it reads the plan off the planner and executes the writes in order
-//! ([`execute_plan`]; [`reconcile_once`] does the same with a full pass over a given world).
+//! forgotten), it reads the plan off the planner and executes the writes in order, consecutive
+//! RoceNode writes in batches ([`execute_plan`]; [`reconcile_once`] does the same with a full pass
+//! over a given world).
 //!
 //! Failure policy: a failed write does not stop the pass (the writes are independent) except
 //! that a pod's gate removal is skipped when the same pod's annotation write failed. A pass with
