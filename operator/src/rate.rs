@@ -45,16 +45,16 @@ impl TokenBucket {
         self.qps.is_nan() || self.qps <= 0.0
     }
 
-    /// How many writes may go out together: half a second's worth of tokens, between 1 and `most`
-    /// (all of `most` when unlimited). Sent together, they wake the process once, not once each;
-    /// the rate over any window longer than that half second is unchanged.
+    /// How many writes may go out together: half a second's worth of tokens, no more than the
+    /// burst (what the user allowed at once) nor `most`, at least 1 (all of `most` when
+    /// unlimited). Sent together, they wake the process once, not once each; the rate over any
+    /// window longer than that half second is unchanged.
     pub fn batch(&self, most: usize) -> usize {
         if self.is_unlimited() {
             return most.max(1);
         }
         // Truncation is the point: whole writes; NaN was handled above.
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-        let half_second = (self.qps / 2.0).floor().min(most as f64) as usize;
+        let half_second = (self.qps / 2.0).min(self.burst).min(most as f64).floor() as usize;
         half_second.clamp(1, most.max(1))
     }
 
@@ -127,6 +127,11 @@ mod tests {
     fn a_batch_is_half_a_second_of_writes_within_its_bounds() {
         assert_eq!(TokenBucket::new(100.0, 200).batch(64), 50);
         assert_eq!(TokenBucket::new(1000.0, 200).batch(64), 64);
+        assert_eq!(
+            TokenBucket::new(100.0, 10).batch(64),
+            10,
+            "never past the burst"
+        );
         assert_eq!(TokenBucket::new(3.0, 2).batch(64), 1);
         assert_eq!(TokenBucket::new(0.5, 1).batch(64), 1);
         assert_eq!(TokenBucket::unlimited().batch(16), 16);
