@@ -6,6 +6,8 @@
 // Each test binary that includes this module uses part of it.
 #![allow(dead_code)]
 
+pub mod writes;
+
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use rocefabric_api::constants::REGION_SCHEDULING_GATE;
