@@ -9,14 +9,16 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use rocefabric_api::constants::REGION_SCHEDULING_GATE;
 use rocefabric_api::{NodeCounts, RoceFabricStatus};
 use rocefabric_operator::apply::{ApplyError, Executor, Outcome};
-use rocefabric_operator::controller::{Context, PassSummary, ReconcileError, execute_all};
+use rocefabric_operator::controller::{Context, ReconcileError};
 use rocefabric_operator::metrics::Metrics;
 use rocefabric_operator::planner::writes::{Event, EventType, Write};
 use rocefabric_operator_testing::verifier::{MANAGED, SSA, mock_client};
 use serde_json::json;
 
 mod support;
-use support::writes::{ROCENODES, annotate_gate_then_delete, pod_json, roce_node_write};
+use support::writes::{
+    ROCENODES, annotate_gate_then_delete, pod_json, roce_node_write, spawn_pass,
+};
 
 #[tokio::test(start_paused = true)]
 async fn roce_node_is_server_side_applied_with_owner_and_label() {
@@ -142,11 +144,7 @@ async fn annotation_is_patched_strictly_before_the_gate_which_is_removed_by_test
             remaining_gates: vec!["example.com/quota".into()],
         },
     ];
-    let task = tokio::spawn(async move {
-        let mut summary = PassSummary::default();
-        execute_all(&ctx, &writes, &mut summary).await;
-        summary
-    });
+    let task = spawn_pass(ctx, writes);
 
     let annotate = api
         .expect(Method::PATCH, "/api/v1/namespaces/team/pods/w0", MANAGED)
@@ -205,11 +203,7 @@ async fn gate_is_kept_when_the_annotation_write_failed() {
     let (client, mut api) = mock_client();
     let metrics = Arc::new(Metrics::new());
     let ctx = Context::always_leader(client, "op-0", metrics.clone());
-    let task = tokio::spawn(async move {
-        let mut summary = PassSummary::default();
-        execute_all(&ctx, &annotate_gate_then_delete(), &mut summary).await;
-        summary
-    });
+    let task = spawn_pass(ctx, annotate_gate_then_delete());
     api.expect(Method::PATCH, "/api/v1/namespaces/team/pods/w0", MANAGED)
         .await
         .fail(500, "InternalError");
@@ -430,16 +424,7 @@ async fn events_are_recorded_through_events_k8s_io() {
 async fn a_refused_roce_node_apply_fails_naming_the_node_and_the_reason() {
     let (client, mut api) = mock_client();
     let ctx = Context::always_leader(client, "op-0", Arc::new(Metrics::new()));
-    let task = tokio::spawn(async move {
-        let mut summary = PassSummary::default();
-        execute_all(
-            &ctx,
-            &[roce_node_write("n1"), roce_node_write("n2")],
-            &mut summary,
-        )
-        .await;
-        summary
-    });
+    let task = spawn_pass(ctx, vec![roce_node_write("n1"), roce_node_write("n2")]);
     api.expect(Method::PATCH, &format!("{ROCENODES}/n1"), SSA)
         .await
         .fail(422, "Invalid");

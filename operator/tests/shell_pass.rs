@@ -17,7 +17,9 @@ use serde_json::json;
 use tokio::sync::watch;
 
 mod support;
-use support::writes::{ROCENODES, annotate_gate_then_delete, pod_json, roce_node_write};
+use support::writes::{
+    ROCENODES, annotate_gate_then_delete, pod_json, roce_node_write, spawn_pass,
+};
 
 #[tokio::test(start_paused = true)]
 async fn a_follower_sends_nothing() {
@@ -59,11 +61,7 @@ async fn shutdown_stops_a_pass_before_its_next_write() {
         },
     ];
     let stop = ctx.stop.clone();
-    let task = tokio::spawn(async move {
-        let mut summary = PassSummary::default();
-        execute_all(&ctx, &writes, &mut summary).await;
-        summary
-    });
+    let task = spawn_pass(ctx, writes);
     let first = api
         .expect(Method::PATCH, &format!("{ROCENODES}/n1"), SSA)
         .await;
@@ -94,11 +92,7 @@ async fn roce_node_writes_go_in_paced_batches_and_the_next_write_waits_for_them(
         .map(|i| roce_node_write(&format!("n{i:02}")))
         .collect();
     writes.extend(annotate_gate_then_delete().into_iter().take(1));
-    let task = tokio::spawn(async move {
-        let mut summary = PassSummary::default();
-        execute_all(&ctx, &writes, &mut summary).await;
-        summary
-    });
+    let task = spawn_pass(ctx, writes);
     let start = tokio::time::Instant::now();
     let mut batches = Vec::new();
     let mut i = 0;
@@ -136,11 +130,7 @@ async fn roce_node_writes_go_in_paced_batches_and_the_next_write_waits_for_them(
 async fn a_hung_write_fails_after_the_write_timeout() {
     let (client, mut api) = mock_client();
     let ctx = Context::always_leader(client, "op-0", Arc::new(Metrics::new()));
-    let task = tokio::spawn(async move {
-        let mut summary = PassSummary::default();
-        execute_all(&ctx, &annotate_gate_then_delete(), &mut summary).await;
-        summary
-    });
+    let task = spawn_pass(ctx, annotate_gate_then_delete());
     let hung = api
         .expect(Method::PATCH, "/api/v1/namespaces/team/pods/w0", MANAGED)
         .await;
@@ -168,11 +158,7 @@ async fn writes_are_paced_by_the_write_rate_limit() {
     let ctx = Context::always_leader(client, "op-0", Arc::new(Metrics::new()));
     *ctx.write_limit.lock().await = TokenBucket::new(2.0, 2);
     let writes: Vec<Write> = (0..5).map(|i| roce_node_write(&format!("n{i}"))).collect();
-    let task = tokio::spawn(async move {
-        let mut summary = PassSummary::default();
-        execute_all(&ctx, &writes, &mut summary).await;
-        summary
-    });
+    let task = spawn_pass(ctx, writes);
     let start = tokio::time::Instant::now();
     let mut arrived = Vec::new();
     for i in 0..5 {
@@ -202,11 +188,7 @@ async fn a_long_paced_pass_keeps_healthz_alive() {
     let writes: Vec<Write> = (0..100)
         .map(|i| roce_node_write(&format!("n{i}")))
         .collect();
-    let task = tokio::spawn(async move {
-        let mut summary = PassSummary::default();
-        execute_all(&ctx, &writes, &mut summary).await;
-        summary
-    });
+    let task = spawn_pass(ctx, writes);
     for i in 0..100 {
         api.expect(Method::PATCH, &format!("{ROCENODES}/n{i}"), SSA)
             .await

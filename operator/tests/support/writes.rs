@@ -2,6 +2,7 @@
 
 use rocefabric_api::constants::REGION_ANNOTATION;
 use rocefabric_api::{QosSpec, RoceNodeSpec};
+use rocefabric_operator::controller::{Context, PassSummary, execute_all};
 use rocefabric_operator::planner::writes::Write;
 use serde_json::json;
 
@@ -53,4 +54,13 @@ pub fn annotate_gate_then_delete() -> Vec<Write> {
         },
         Write::DeleteRoceNode { name: "n3".into() },
     ]
+}
+
+/// Run a pass's `writes` under `ctx` in a task; its summary once every write is done.
+pub fn spawn_pass(ctx: Context, writes: Vec<Write>) -> tokio::task::JoinHandle<PassSummary> {
+    tokio::spawn(async move {
+        let mut summary = PassSummary::default();
+        execute_all(&ctx, &writes, &mut summary).await;
+        summary
+    })
 }
