@@ -3,8 +3,9 @@
 //! Every replica watches RoceFabrics, Nodes (metadata only), RoceNodes, Pods and the region
 //! directory ConfigMaps (label `rocefabric.io/fabric`) and feeds each event to the incremental
 //! planner ([`crate::feed`]), whose object maps are the only cache: pods are decoded straight into
-//! what the planner reads ([`crate::objects`]), and pods it can never act on are not kept. A replica reports ready once every
-//! watch has listed. Only the leader plans and writes: on any change (debounced), on the plan's
+//! what the planner reads ([`crate::objects`]), and pods it can never act on are not kept; their
+//! list asks for each page while the last one decodes (`read_ahead`). A replica reports ready
+//! once every watch has listed. Only the leader plans and writes: on any change (debounced), on the plan's
 //! `requeue_after`, on a periodic resync, and when it becomes leader (a full pass, its memory
 //! forgotten), it reads the plan off the planner and executes the writes in order, consecutive
 //! RoceNode writes in batches ([`execute_plan`]; [`reconcile_once`] does the same with a full pass
@@ -23,10 +24,12 @@
 //! deletes for RoceNodes whose fabric is gone, and the executor sends them (404 counts as done),
 //! so cleanup does not depend on the garbage collector's timing.
 //!
-//! One file per step: `watches` (the watch streams), `pass` (a pass's writes) and
+//! One file per step: `watches` (the watch streams), `read_ahead` (the pod watch's list and
+//! watch), `pass` (a pass's writes) and
 //! `reconcile_loop` (when passes run); the annotation overlay is [`crate::overlay`].
 
 mod pass;
+mod read_ahead;
 mod reconcile_loop;
 mod watches;
 

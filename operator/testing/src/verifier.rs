@@ -128,6 +128,24 @@ impl Call {
         self.ok(&body);
     }
 
+    /// Answer a watch with `events`, one JSON line each, then end it (as the API server ends a
+    /// watch at its timeout).
+    pub fn watch_events(mut self, events: &[Value]) {
+        let mut lines = String::new();
+        for e in events {
+            lines.push_str(&e.to_string());
+            lines.push('\n');
+        }
+        if let Some(r) = self.responder.take() {
+            let response = Response::builder()
+                .status(StatusCode::OK)
+                .header("content-type", "application/json")
+                .body(full(lines))
+                .expect("valid response");
+            r.send_response(response);
+        }
+    }
+
     /// Answer with an API error.
     pub fn fail(self, code: u16, reason: &str) {
         let status = StatusCode::from_u16(code).expect("valid code");
