@@ -469,27 +469,7 @@ proptest! {
 /// joining and its agent's report are each planned off the indexes, with no full pass.
 #[test]
 fn settled_changes_are_planned_without_a_full_pass() {
-    let mut sim = Sim::new(PlanOptions::default());
-    for id in 0..6 {
-        sim.apply(&Op::Node { id, group: 1 });
-    }
-    for id in 0..6 {
-        sim.apply(&Op::Pod {
-            ns: id % 2,
-            id,
-            created: 1,
-            member: 1,
-            gated: true,
-            size: 0,
-        });
-    }
-    for _ in 0..4 {
-        sim.apply(&Op::Pass(0));
-        for id in 0..6 {
-            sim.apply(&Op::Report { id, applied: true });
-        }
-    }
-    sim.apply(&Op::Pass(0));
+    let mut sim = settled();
     let settled = sim.engine.figures();
     sim.apply(&Op::Clock(1));
     sim.apply(&Op::Pod {
@@ -523,6 +503,73 @@ fn settled_changes_are_planned_without_a_full_pass() {
         pod.region.is_some(),
         "the new pod got its region off the indexes"
     );
+}
+
+/// Six nodes and six pods of fabric `a`, every node reporting, every pod given its region.
+fn settled() -> Sim {
+    let mut sim = Sim::new(PlanOptions::default());
+    for id in 0..6 {
+        sim.apply(&Op::Node { id, group: 1 });
+    }
+    for id in 0..6 {
+        sim.apply(&Op::Pod {
+            ns: id % 2,
+            id,
+            created: 1,
+            member: 1,
+            gated: true,
+            size: 0,
+        });
+    }
+    for _ in 0..4 {
+        sim.apply(&Op::Pass(0));
+        for id in 0..6 {
+            sim.apply(&Op::Report { id, applied: true });
+        }
+    }
+    sim.apply(&Op::Pass(0));
+    sim
+}
+
+/// An edit of what the nodes apply (QoS) or of the rollout's pace rolls out off the indexes:
+/// on a large fabric a full pass costs seconds. (Each pass is checked against the full pass.)
+#[test]
+fn a_qos_or_rollout_edit_is_planned_without_a_full_pass() {
+    let mut sim = settled();
+    let settled = sim.engine.figures();
+    let roll_out = |sim: &mut Sim| {
+        for _ in 0..8 {
+            sim.apply(&Op::Pass(0));
+            for id in 0..6 {
+                sim.apply(&Op::Report { id, applied: true });
+            }
+        }
+        sim.apply(&Op::Pass(0));
+    };
+    // The QoS edit goes out: every node holds the new generation.
+    sim.apply(&Op::Fabric(0));
+    roll_out(&mut sim);
+    let generation = sim.world.fabrics[0].metadata.generation;
+    let held: Vec<_> = sim
+        .world
+        .roce_nodes
+        .iter()
+        .map(|rn| rn.spec.fabric_generation)
+        .collect();
+    assert!(
+        held.iter().all(|g| Some(*g) == generation),
+        "{held:?} against {generation:?}"
+    );
+    // A new pace (`maxUnavailable`) changes what nodes apply not at all.
+    sim.apply(&Op::Fabric(1));
+    roll_out(&mut sim);
+    let after = sim.engine.figures();
+    assert_eq!(
+        (after.full_passes, after.fallbacks),
+        (settled.full_passes, settled.fallbacks),
+        "{settled:?} -> {after:?}"
+    );
+    assert!(after.incremental_plans >= settled.incremental_plans + 18);
 }
 
 /// The equality above is not won by falling back: over random sequences, a good share of the

@@ -28,7 +28,7 @@ use rocefabric_api::constants::FABRIC_LABEL;
 use rocefabric_api::{RoceFabric, RoceNode};
 
 use super::pod::{self, PodRef};
-use super::selection::{self, Route, Router};
+use super::selection::{self, ParsedFabric, Route, Router};
 use super::writes::{Write, region_directory_name};
 use super::{Plan, PlanOptions, World};
 use crate::objects::{CompactNode, CompactPod, Matcher};
@@ -221,17 +221,22 @@ impl Incremental {
         }
     }
 
-    // --- RoceFabrics: any change is a full pass.
+    // --- RoceFabrics: a change is a full pass, but for an edit of what its nodes apply.
 
     pub fn upsert_fabric(&mut self, fabric: RoceFabric) {
         let name = fabric.metadata.name.clone();
-        let step = match self.fabrics.iter_mut().find(|f| f.metadata.name == name) {
-            Some(f) => {
+        let step = match self.fabrics.iter().position(|f| f.metadata.name == name) {
+            Some(i) => {
+                let old = std::mem::replace(&mut self.fabrics[i], fabric);
                 // Only its status changed (our own write, seen): the statuses are computed
                 // from the objects at each plan anyway.
-                let same = same_fabric_but_status(f, &fabric);
-                *f = fabric;
-                if same { Step::Done } else { Step::Full }
+                if same_fabric_but_status(&old, &self.fabrics[i])
+                    || self.node_config_edited(i, &old)
+                {
+                    Step::Done
+                } else {
+                    Step::Full
+                }
             }
             None => {
                 self.fabrics.push(fabric);
@@ -240,6 +245,39 @@ impl Incremental {
         };
         self.fabrics_changed();
         self.step(step);
+    }
+
+    /// Whether fabric `i` (was `old`) changed only in what its nodes apply and how fast
+    /// (`qos`, `nicSelector`, `rollout`, and so its generation), staying valid: then its
+    /// rollout index is rebuilt for the new spec and nothing else changes (no other index
+    /// reads those fields). An MTU edit on a large fabric is then not a full pass.
+    fn node_config_edited(&mut self, i: usize, old: &RoceFabric) -> bool {
+        let fabric = &self.fabrics[i];
+        let Some(state) = self.state.as_mut() else {
+            return false;
+        };
+        if !same_but_node_config(old, fabric)
+            || state
+                .fabric_by_name
+                .get(fabric.metadata.name.as_deref().unwrap_or_default())
+                != Some(&i)
+            || !state.validation[i].is_empty()
+            || state.rollouts[i].is_none()
+        {
+            return false;
+        }
+        let parsed = ParsedFabric::checked(fabric, selection::validation_errors(fabric));
+        if !parsed.active() {
+            return false;
+        }
+        let mut rollout = Rollout::new(&parsed);
+        for (node, owner) in &state.owners {
+            if owner.owner == Some(i) {
+                rollout.put(node, self.roce_nodes.get(node));
+            }
+        }
+        state.rollouts[i] = Some(rollout);
+        true
     }
 
     pub fn remove_fabric(&mut self, name: &str) {
@@ -601,13 +639,30 @@ impl State {
 /// Whether two versions of a fabric differ at most in what the planner does not decide from:
 /// status, resourceVersion, managedFields.
 fn same_fabric_but_status(a: &RoceFabric, b: &RoceFabric) -> bool {
+    a.metadata.generation == b.metadata.generation
+        && same_identity(a, b)
+        && serde_json::to_value(&a.spec).ok() == serde_json::to_value(&b.spec).ok()
+}
+
+/// The same fabric, its spec the same but for `qos`, `nicSelector` and `rollout`.
+fn same_but_node_config(a: &RoceFabric, b: &RoceFabric) -> bool {
+    let rest = |f: &RoceFabric| {
+        let mut spec = serde_json::to_value(&f.spec).ok()?;
+        let fields = spec.as_object_mut()?;
+        for field in ["qos", "nicSelector", "rollout"] {
+            fields.remove(field);
+        }
+        Some(spec)
+    };
+    same_identity(a, b) && rest(a).is_some_and(|r| Some(r) == rest(b))
+}
+
+fn same_identity(a: &RoceFabric, b: &RoceFabric) -> bool {
     let (ma, mb) = (&a.metadata, &b.metadata);
     ma.name == mb.name
         && ma.uid == mb.uid
-        && ma.generation == mb.generation
         && ma.creation_timestamp == mb.creation_timestamp
         && ma.deletion_timestamp == mb.deletion_timestamp
-        && serde_json::to_value(&a.spec).ok() == serde_json::to_value(&b.spec).ok()
 }
 
 fn unmatched_id(p: &PodRef<'_>) -> String {
