@@ -291,8 +291,8 @@ fn print(f: &Figures) {
     if let Some((r, qps)) = &f.rollout {
         row(
             &format!(
-                "MTU edit rolled out at maxUnavailable 10%, --write-qps {qps}: operator CPU / rollout wall ({} passes, {} writes)",
-                r.passes, r.writes
+                "MTU edit rolled out at maxUnavailable 10%, --write-qps {qps}: operator CPU / rollout wall ({} passes, {} of them full, {} writes)",
+                r.passes, r.full_passes, r.writes
             ),
             format!(
                 "{} / {} = {:.2}%",

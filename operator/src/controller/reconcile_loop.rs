@@ -232,6 +232,15 @@ impl Looper<'_> {
         };
         let planned = started.elapsed();
         if figures.full_passes != self.last_full_passes {
+            // Rare, and seconds at scale: said at info (after a takeover, a relist, or a
+            // change the indexes cannot take).
+            tracing::info!(
+                full_passes = figures.full_passes,
+                incremental_plans = figures.incremental_plans,
+                fallbacks = figures.fallbacks,
+                plan_us = u64::try_from(planned.as_micros()).unwrap_or(u64::MAX),
+                "planned in full"
+            );
             // A full pass (and the list before it) freed most of what it allocated.
             self.last_full_passes = figures.full_passes;
             crate::heap::give_back();

@@ -28,6 +28,8 @@ pub struct Pass {
     pub plan_us: u64,
     pub took_ms: u64,
     pub throttled_ms: u64,
+    /// Planned in full (not off the incremental planner's indexes).
+    pub full: bool,
 }
 
 impl Pass {
@@ -82,6 +84,8 @@ impl Memory {
 #[derive(Debug)]
 enum Line {
     Pass(Pass),
+    /// The pass being logged was planned in full.
+    Full,
     Synced(Instant),
     Heap(Heap),
 }
@@ -96,6 +100,8 @@ pub struct Operator {
     pub synced: Option<Instant>,
     /// Its allocator after the last list or full pass.
     pub heap: Option<Heap>,
+    /// The pass being logged was planned in full.
+    full: bool,
     /// The last lines of its log, and every warning count, for failure reports.
     log: Arc<Mutex<LogTail>>,
 }
@@ -146,6 +152,7 @@ impl Operator {
             ])
             .args(args)
             .env("KUBECONFIG", kubeconfig)
+            .envs(std::env::var("SCALE_OPERATOR_WORKERS").map(|w| ("TOKIO_WORKER_THREADS", w)))
             .env(
                 "RUST_LOG",
                 std::env::var("SCALE_RUST_LOG").unwrap_or("info".into()),
@@ -189,6 +196,7 @@ impl Operator {
             spawned,
             synced: None,
             heap: None,
+            full: false,
             log,
         })
     }
@@ -199,7 +207,11 @@ impl Operator {
         let deadline = Instant::now() + timeout;
         loop {
             match tokio::time::timeout_at(deadline, self.lines.recv()).await {
-                Ok(Some(Line::Pass(p))) => return Ok(p),
+                Ok(Some(Line::Pass(mut p))) => {
+                    p.full = std::mem::take(&mut self.full);
+                    return Ok(p);
+                }
+                Ok(Some(Line::Full)) => self.full = true,
                 Ok(Some(Line::Synced(at))) => self.synced = Some(at),
                 Ok(Some(Line::Heap(heap))) => self.heap = Some(heap),
                 Ok(None) => {
@@ -260,6 +272,7 @@ impl Operator {
 /// The lines the harness acts on; cheap checks first (a pass at scale logs a line per pod).
 fn read_line(line: &str, at: Instant) -> Option<Line> {
     if !line.contains("\"reconciled\"")
+        && !line.contains("planned in full")
         && !line.contains("caches synced")
         && !line.contains("heap given back")
     {
@@ -279,7 +292,9 @@ fn read_line(line: &str, at: Instant) -> Option<Line> {
             plan_us: number(&v, "plan_us"),
             took_ms: number(&v, "took_ms"),
             throttled_ms: number(&v, "throttled_ms"),
+            full: false,
         })),
+        "planned in full" => Some(Line::Full),
         "caches synced" => Some(Line::Synced(at)),
         "heap given back" => Some(Line::Heap(Heap {
             in_use: number(&v, "in_use_bytes"),

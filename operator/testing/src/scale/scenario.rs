@@ -75,6 +75,8 @@ pub struct Rollout {
     /// The operator's CPU time (user and system) over the same span and its last passes.
     pub cpu: Duration,
     pub passes: usize,
+    /// Of `passes`, those planned in full.
+    pub full_passes: usize,
     pub writes: u64,
 }
 
@@ -284,31 +286,38 @@ impl Harness {
     }
 
     /// Edit the fabric with `edit` (its spec) and wait until all `nodes` report the new
-    /// generation applied and the operator is quiet again.
+    /// generation applied and the operator is quiet again. The edit comes once the operator
+    /// plans off its indexes, as a long-running one does: for `region_grace` after a start
+    /// (the takeover hold) every pass is a full one.
     pub async fn fabric_rollout(
         &mut self,
         nodes: usize,
         edit: impl FnOnce(&mut serde_json::Value),
     ) -> anyhow::Result<Rollout> {
+        while self.next_pass(self.pass_timeout).await?.full {}
         self.settle().await?;
         let cpu = self.operator.cpu()?;
         let t = Instant::now();
         self.server.edit_fabric(edit)?;
-        let (mut passes, mut writes, mut wall) = (0, 0, None);
+        let (mut passes, mut full_passes, mut writes, mut wall) = (0, 0, 0, None);
         loop {
             let pass = self
                 .next_pass(self.pass_timeout)
                 .await
                 .with_context(|| format!("rollout not done; census {:?}", self.server.census()))?;
             passes += 1;
+            full_passes += usize::from(pass.full);
             writes += pass.writes;
             let census = self.server.census();
             if self.progress {
                 eprintln!(
-                    "[{:7.1} s] rollout pass {passes}: {} writes; {}/{nodes} at the new generation",
+                    "[{:7.1} s] rollout pass {passes}: {} writes, planner {:.3} s{}; {}/{nodes} at the new generation; operator CPU {:.2} s",
                     t.elapsed().as_secs_f64(),
                     pass.writes,
-                    census.configured_current
+                    pass.plan_us as f64 / 1e6,
+                    if pass.full { " (full)" } else { "" },
+                    census.configured_current,
+                    (self.operator.cpu()? - cpu).as_secs_f64()
                 );
             }
             if census.configured_current == nodes {
@@ -318,6 +327,7 @@ impl Harness {
                         wall: done,
                         cpu: self.operator.cpu()? - cpu,
                         passes,
+                        full_passes,
                         writes,
                     });
                 }
