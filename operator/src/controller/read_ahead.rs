@@ -57,7 +57,13 @@ where
                     .map_err(|e| watcher::Error::InitialListFailed(kube::Error::SerdeError(e)));
                 match decoded {
                     Ok(decoded) => {
-                        version = decoded.metadata.resource_version.filter(|v| !v.is_empty());
+                        // The list's version is the last page's: a list cut short (its pager
+                        // gone) has none, and is listed again.
+                        let last = decoded.metadata.continue_.as_ref().is_none_or(String::is_empty);
+                        version = last
+                            .then_some(decoded.metadata.resource_version)
+                            .flatten()
+                            .filter(|v| !v.is_empty());
                         for item in decoded.items.unwrap_or_default() {
                             yield Ok(Event::InitApply(item.object));
                         }

@@ -4,10 +4,11 @@
 //! off the indexes: a pass with nothing to do costs the fabrics' statuses, not the world.
 //!
 //! [`super::plan`] stays the reference. Changes whose outcome the indexes cannot give with
-//! certainty (a fabric edited, a pod inserted before others waiting for a window, a window freed
-//! while pods wait, a conflict) make the next plan a full pass, after which the indexes are
-//! rebuilt from it. The property test `operator/tests/incremental.rs` checks that both give the
-//! same plan after any sequence of changes.
+//! certainty (a fabric edited in more than its `qos`, `nicSelector` or `rollout`, a pod
+//! inserted before others waiting for a window, a window freed while pods wait, a conflict)
+//! make the next plan a full pass, after which the indexes are rebuilt from it. The property
+//! test `operator/tests/incremental.rs` checks that both give the same plan after any sequence
+//! of changes.
 //!
 //! Files: this one takes the changes; `build` rebuilds the indexes from a full pass and
 //! `assemble` reads a plan off them; `nodes` and `regions` are the node and region indexes,
