@@ -316,6 +316,9 @@ mod tests {
             panic!("a pass")
         };
         assert_eq!((p.writes, p.plan_us, p.took_ms), (3, 1234, 5));
+        assert!(!p.full, "set from the line before, not this one");
+        let full = r#"{"timestamp":"2026-01-01T00:00:01.400000Z","level":"INFO","message":"planned in full","full_passes":2,"incremental_plans":9,"fallbacks":1,"plan_us":900,"target":"rocefabric_operator::controller::reconcile_loop"}"#;
+        assert!(matches!(read_line(full, Instant::now()), Some(Line::Full)));
         assert_eq!(p.logged.as_millisecond(), 1_767_225_601_500);
         assert!(read_line(r#"{"message":"recorded region on pod"}"#, Instant::now()).is_none());
     }
