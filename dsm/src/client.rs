@@ -209,7 +209,9 @@ impl Dsm {
             size,
             reason: "larger than this machine's address space".into(),
         })?;
-        let directory = directory::read(&cfg.directory)?;
+        // Stamped before it is read, not once the window is registered (seconds on Soft-RoCE): a
+        // directory the kubelet swapped in meanwhile is read at the first access.
+        let (stamp, directory) = directory::read_stamped(&cfg.directory)?;
         let hca = Arc::new(Hca::open(
             &cfg.hca,
             cfg.port,
@@ -250,7 +252,7 @@ impl Dsm {
                 let n = crate::auth::Nonce::fresh().0;
                 u32::from_ne_bytes([n[0], n[1], n[2], n[3]])
             },
-            stamp: directory::stamp(&cfg.directory),
+            stamp,
             cfg,
             hca,
             local,
@@ -391,10 +393,13 @@ impl Dsm {
         let target = if e.pod == self.cfg.pod {
             SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), self.rendezvous_port())
         } else {
-            let ip: IpAddr = e
-                .pod_ip
-                .as_deref()
-                .ok_or_else(|| gone("the directory has no pod IP for it yet".into()))?
+            let Some(ip) = e.pod_ip.as_deref() else {
+                // The operator writes the IP once the pod runs: read the file again at the next
+                // check even if its stamp did not move.
+                self.stamp = None;
+                return Err(gone("the directory has no pod IP for it yet".into()));
+            };
+            let ip: IpAddr = ip
                 .parse()
                 .map_err(|x| gone(format!("pod IP in the directory: {x}")))?;
             SocketAddr::new(ip, self.rendezvous_port())
@@ -468,12 +473,12 @@ impl Dsm {
     }
 
     fn reload_directory(&mut self) {
-        match directory::read(&self.cfg.directory) {
-            Ok(d) => {
+        match directory::read_stamped(&self.cfg.directory) {
+            Ok((stamp, d)) => {
                 self.directory = d;
                 // The entries moved: their slots are found anew (by name) on next use.
                 self.entry_slots.clear();
-                self.stamp = directory::stamp(&self.cfg.directory);
+                self.stamp = stamp;
                 self.stats.directory_reloads += 1;
             }
             // Keep the last good directory; the next refresh tries again.

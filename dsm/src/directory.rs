@@ -113,8 +113,17 @@ impl Directory {
     }
 }
 
+/// Read and parse the directory file at `path`, with the [`Stamp`] it had just before: a file
+/// swapped after the stamp (the kubelet renames a ConfigMap volume's new version in at any moment)
+/// is re-read at the next check. A stamp taken after the read could name the new version while
+/// the old one is kept, and the new one would never be read.
+pub(crate) fn read_stamped(path: &std::path::Path) -> Result<(Stamp, Directory)> {
+    let stamp = stamp(path);
+    Ok((stamp, read(path)?))
+}
+
 /// Read and parse the directory file at `path`.
-pub(crate) fn read(path: &std::path::Path) -> Result<Directory> {
+fn read(path: &std::path::Path) -> Result<Directory> {
     let field = path.display().to_string();
     // The directory is a ConfigMap's data (etcd keeps objects under 1.5 MiB); 16 MiB is ample.
     let text = rocefabric_input::read::read_file(path, 16 << 20).map_err(|e| {
@@ -123,13 +132,16 @@ pub(crate) fn read(path: &std::path::Path) -> Result<Directory> {
     Directory::parse(&field, &text)
 }
 
-/// What tells a changed directory file: its modification time and length (none when unreadable).
-pub(crate) type Stamp = Option<(std::time::SystemTime, u64)>;
+/// What tells a changed directory file: its inode, modification time and length (none when
+/// unreadable). The kubelet writes each version of a ConfigMap volume as a new file, so the inode
+/// tells a swap even where the clock's granularity and the length would not.
+pub(crate) type Stamp = Option<(u64, std::time::SystemTime, u64)>;
 
-/// The [`Stamp`] of the file at `path` now.
+/// The [`Stamp`] of the file at `path` now (through the volume's symlinks).
 pub(crate) fn stamp(path: &std::path::Path) -> Stamp {
+    use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata(path).ok()?;
-    Some((m.modified().ok()?, m.len()))
+    Some((m.ino(), m.modified().ok()?, m.len()))
 }
 
 fn snippet(text: &str) -> String {
@@ -228,6 +240,42 @@ mod tests {
         );
         let e = parse_assignment("r", r#"{"fabric":"f","id":0,"base":0,"size":0}"#).unwrap_err();
         assert!(e.to_string().contains("size must be positive"));
+    }
+
+    /// A ConfigMap volume as the kubelet writes it: `regions.json -> ..data/regions.json`,
+    /// `..data -> <version dir>`, a new version swapped in by renaming a new `..data` link over it.
+    fn kubelet_swap(volume: &std::path::Path, version: &str, text: &str) {
+        let dir = volume.join(format!("..{version}"));
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(dir.join("regions.json"), text).unwrap();
+        let tmp = volume.join("..data_tmp");
+        std::os::unix::fs::symlink(format!("..{version}"), &tmp).unwrap();
+        std::fs::rename(&tmp, volume.join("..data")).unwrap();
+        let link = volume.join("regions.json");
+        if link.symlink_metadata().is_err() {
+            std::os::unix::fs::symlink("..data/regions.json", link).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_volume_swapped_by_the_kubelet_changes_the_stamp_even_at_the_same_length() {
+        let volume = tempfile::tempdir().unwrap();
+        let path = volume.path().join("regions.json");
+        let without_ip = r#"[{"pod":"a","id":0,"base":0,"size":4096}]"#;
+        // Same length, so only the inode (or the clock) tells them apart.
+        let other_pod = r#"[{"pod":"b","id":0,"base":0,"size":4096}]"#;
+        kubelet_swap(volume.path(), "v1", without_ip);
+        let (first, d) = read_stamped(&path).unwrap();
+        assert_eq!(d.entries()[0].pod, "a");
+        assert_eq!(first, stamp(&path), "nothing changed since the read");
+        kubelet_swap(volume.path(), "v2", other_pod);
+        assert_ne!(stamp(&path), first, "a same-length swap is seen");
+        let (second, d) = read_stamped(&path).unwrap();
+        assert_eq!((d.entries()[0].pod.as_str(), second), ("b", stamp(&path)));
+        let with_ip = r#"[{"pod":"b","podIP":"10.1.0.2","id":0,"base":0,"size":4096}]"#;
+        kubelet_swap(volume.path(), "v3", with_ip);
+        assert_ne!(stamp(&path), second);
+        assert_eq!(stamp(&volume.path().join("gone")), None);
     }
 
     proptest::proptest! {

@@ -123,7 +123,7 @@ impl DirectoryFile {
         match &*last {
             Some((s, d)) if *s == stamp && stamp.is_some() => Ok(d.clone()),
             _ => {
-                let d = directory::read(&self.path)?;
+                let (stamp, d) = directory::read_stamped(&self.path)?;
                 *last = Some((stamp, d.clone()));
                 Ok(d)
             }
