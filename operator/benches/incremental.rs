@@ -51,7 +51,7 @@ fn land(engine: &mut Incremental, plan: &Plan, now: Timestamp) {
                 if !spec.pending {
                     rn.status = Some(agent_status(spec.fabric_generation, true, now));
                 }
-                engine.upsert_roce_node(rn);
+                engine.upsert_roce_node(rn.into());
             }
             Write::DeleteRoceNode { name } => engine.remove_roce_node(name),
             Write::ApplyFabricStatus { fabric, status } => {

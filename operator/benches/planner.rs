@@ -57,12 +57,10 @@ fn apply(world: &mut World, p: &Plan) {
                 fabric_uid,
                 spec,
             } => {
+                world.roce_nodes.retain(|rn| rn.name != *name);
                 world
                     .roce_nodes
-                    .retain(|rn| rn.metadata.name.as_deref() != Some(name));
-                world
-                    .roce_nodes
-                    .push(roce_node_object(name, fabric_name, fabric_uid, spec));
+                    .push(roce_node_object(name, fabric_name, fabric_uid, spec).into());
             }
             Write::ApplyFabricStatus { status, .. } => {
                 world.fabrics[0].status = Some(status.clone())
@@ -100,7 +98,7 @@ fn apply(world: &mut World, p: &Plan) {
     }
     world.freed = p.freed.clone();
     for rn in &mut world.roce_nodes {
-        rn.status = Some(agent_status(rn.spec.fabric_generation, true, world.now));
+        rn.status = Some((&agent_status(rn.spec.fabric_generation, true, world.now)).into());
     }
 }
 

@@ -7,9 +7,9 @@
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::runtime::watcher::Event;
-use rocefabric_api::{RoceFabric, RoceNode};
+use rocefabric_api::RoceFabric;
 
-use crate::objects::{CompactNode, CompactPod};
+use crate::objects::{CompactNode, CompactPod, CompactRoceNode};
 use crate::overlay::AnnotationOverlay;
 use crate::planner::incremental::Incremental;
 
@@ -18,7 +18,7 @@ use crate::planner::incremental::Incremental;
 pub enum Seen {
     Fabric(Event<RoceFabric>),
     Node(Event<CompactNode>),
-    RoceNode(Event<RoceNode>),
+    RoceNode(Event<CompactRoceNode>),
     Pod(Event<CompactPod>),
     ConfigMap(Event<ConfigMap>),
 }
@@ -28,7 +28,7 @@ pub enum Seen {
 struct Listing {
     fabrics: Option<Vec<RoceFabric>>,
     nodes: Option<Vec<CompactNode>>,
-    roce_nodes: Option<Vec<RoceNode>>,
+    roce_nodes: Option<Vec<CompactRoceNode>>,
     pods: Option<Vec<CompactPod>>,
     config_maps: Option<Vec<ConfigMap>>,
 }
@@ -91,14 +91,7 @@ impl Feed {
         match seen {
             Seen::Fabric(e) => self.take(e, |f| f, &FABRICS),
             Seen::Node(e) => self.take(e, |n| n, &NODES),
-            Seen::RoceNode(e) => self.take(
-                e,
-                |mut n: RoceNode| {
-                    crate::trim::roce_node(&mut n);
-                    n
-                },
-                &ROCE_NODES,
-            ),
+            Seen::RoceNode(e) => self.take(e, |n| n, &ROCE_NODES),
             Seen::Pod(e) => self.take(
                 e,
                 |mut pod: CompactPod| {
@@ -189,7 +182,7 @@ const NODES: Kind<CompactNode> = Kind {
     replace: Incremental::replace_nodes,
 };
 
-const ROCE_NODES: Kind<RoceNode> = Kind {
+const ROCE_NODES: Kind<CompactRoceNode> = Kind {
     index: 2,
     listing: |l| &mut l.roce_nodes,
     upsert: |p, n| {
@@ -197,7 +190,7 @@ const ROCE_NODES: Kind<RoceNode> = Kind {
         true
     },
     remove: |p, n| {
-        p.remove_roce_node(name_of(&n.metadata).1);
+        p.remove_roce_node(&n.name);
         true
     },
     replace: Incremental::replace_roce_nodes,

@@ -165,9 +165,7 @@ impl Sim {
             }
             Op::RemoveRoceNode(id) => {
                 let name = node_name(*id);
-                self.world
-                    .roce_nodes
-                    .retain(|n| n.metadata.name.as_deref() != Some(&name));
+                self.world.roce_nodes.retain(|n| n.name != name);
             }
             Op::Pod {
                 ns,
@@ -428,7 +426,7 @@ fn sync(engine: &mut Incremental, before: &World, after: &World) {
     );
     diff!(
         roce_nodes,
-        |n: &rocefabric_api::RoceNode| name(&n.metadata),
+        |n: &CompactRoceNode| (String::new(), n.name.clone()),
         |e: &mut Incremental, n| e.upsert_roce_node(n),
         |e: &mut Incremental, k: &(String, String)| e.remove_roce_node(&k.1)
     );

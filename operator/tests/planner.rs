@@ -535,8 +535,8 @@ fn a_node_moves_to_the_younger_fabric_when_the_older_one_is_deleted() {
     assert_eq!(applied_nodes(&p), ["n"]);
     assert_eq!(w.roce_nodes[0].spec.fabric, "young");
     assert_eq!(
-        w.roce_nodes[0].metadata.owner_references.as_ref().unwrap()[0].uid,
-        "uid-young"
+        w.roce_nodes[0].controller,
+        Some(("young".into(), "uid-young".into()))
     );
     assert_eq!(
         fabric_of(&w, "young")
@@ -623,7 +623,7 @@ fn no_selected_nodes_is_reported() {
 fn roce_node_metadata_is_repaired_without_waiting_for_the_budget() {
     let mut w = world(vec![fabric("f", 0, &[])], nodes("n", 2, &[]), vec![]);
     converge(&mut w);
-    w.roce_nodes[1].metadata.labels = None;
+    w.roce_nodes[1].fabric_label = None;
     let p = step(&mut w);
     assert_eq!(applied_nodes(&p), ["n-001"]);
     assert_eq!(p.report.nodes[1].action, NodeAction::Update);
@@ -643,13 +643,15 @@ fn writes_come_in_a_fixed_order() {
         pod("ns", "a", 1, &[("rocefabric.io/fabric", "f")], true),
     ];
     let mut w = world(vec![f], nodes("n", 2, &[]), pods);
-    w.roce_nodes
-        .push(rocefabric_operator::planner::writes::roce_node_object(
+    w.roce_nodes.push(
+        rocefabric_operator::planner::writes::roce_node_object(
             "gone",
             "f",
             "uid-f",
             &rocefabric_api::RoceNodeSpec::default(),
-        ));
+        )
+        .into(),
+    );
     let p = plan(&w, &opts());
     let kinds: Vec<&str> = p.writes.iter().map(Write::kind).collect();
     assert_eq!(

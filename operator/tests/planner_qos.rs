@@ -78,7 +78,7 @@ fn a_node_reporting_soft_roce_accepted_counts_as_configured() {
             reason: reason::SOFT_ROCE_ACCEPTED.into(),
             ..status.conditions[0].clone()
         });
-        rn.status = Some(status);
+        rn.status = Some((&status).into());
     }
     step(&mut w);
     let st = fabric_of(&w, "f").status.clone().unwrap();

@@ -7,12 +7,12 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Client;
 use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
+use rocefabric_api::RoceFabric;
 use rocefabric_api::constants::FABRIC_LABEL;
-use rocefabric_api::{RoceFabric, RoceNode};
 
 use super::read_ahead::read_ahead_watcher;
 use crate::feed::Seen;
-use crate::objects::{CompactNode, CompactPod, Wire};
+use crate::objects::{CompactNode, CompactPod, CompactRoceNode, Wire};
 
 fn seen<K>(
     events: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
@@ -34,8 +34,10 @@ pub type Events = stream::BoxStream<'static, Result<Seen, (&'static str, watcher
 pub fn watches(client: &Client) -> Events {
     let all = watcher::Config::default;
     let fabrics = watcher(Api::<RoceFabric>::all(client.clone()), all()).default_backoff();
-    // Without their managedFields (skipped while decoding).
-    let roce_nodes = watcher(Api::<Wire<RoceNode>>::all(client.clone()), all()).default_backoff();
+    // Decoded straight into what the planner reads (managedFields and the agent's interface
+    // reports skipped unbuilt).
+    let roce_nodes =
+        watcher(Api::<Wire<CompactRoceNode>>::all(client.clone()), all()).default_backoff();
     let config_maps = watcher(
         Api::<ConfigMap>::all(client.clone()),
         all().labels(FABRIC_LABEL),

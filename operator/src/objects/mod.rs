@@ -13,4 +13,5 @@ mod wire;
 pub use labels::{Labels, Matcher, Sym, intern};
 pub use node::CompactNode;
 pub use pod::CompactPod;
+pub use roce_node::{CompactRoceNode, NodeReport};
 pub use wire::{Compact, Wire};

@@ -6,7 +6,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 use serde::de::{Deserialize, DeserializeOwned, Deserializer};
 
-use super::{CompactNode, CompactPod, node};
+use super::{CompactNode, CompactPod, CompactRoceNode, node, roce_node};
 
 /// A compact object standing for the API kind `Full`.
 pub trait Compact: DeserializeOwned + Clone + std::fmt::Debug {
@@ -32,6 +32,14 @@ impl Compact for CompactNode {
     const METADATA_ONLY: bool = true;
     fn decode<'de, D: Deserializer<'de>>(d: D) -> Result<(Self, Option<String>), D::Error> {
         Ok(node::Raw::deserialize(d)?.split())
+    }
+}
+
+impl Compact for CompactRoceNode {
+    type Full = rocefabric_api::RoceNode;
+    const METADATA_ONLY: bool = false;
+    fn decode<'de, D: Deserializer<'de>>(d: D) -> Result<(Self, Option<String>), D::Error> {
+        roce_node::decode(d)
     }
 }
 

@@ -8,8 +8,8 @@ use std::collections::{BTreeMap, HashMap};
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use rocefabric_api::RegionCounts;
 use rocefabric_api::constants::FABRIC_LABEL;
-use rocefabric_api::{RegionCounts, RoceNode};
 
 use super::pod::{self, PodRef};
 use super::pods::{self, RegionsOutcome};
@@ -19,6 +19,7 @@ use super::{
     Event, NodeAction, NodeReport, NodeState, Plan, PlanOptions, PlanReport, RegionFindings, World,
     Write, directory_order, report_active, report_start, status, write_name, writes,
 };
+use crate::objects::CompactRoceNode;
 use crate::regions::FreedRegions;
 
 /// [`super::plan`], also filling `keep` with each active shared-memory fabric's findings.
@@ -52,7 +53,7 @@ struct Pass<'w> {
     fabric_by_name: HashMap<&'w str, usize>,
     /// Node index by name.
     node_exists: HashMap<&'w str, usize>,
-    roce_nodes: HashMap<&'w str, &'w RoceNode>,
+    roce_nodes: HashMap<&'w str, &'w CompactRoceNode>,
     own: Ownership,
     /// Per fabric: the live pods routed to it (taken when its regions are planned).
     fabric_pods: Vec<Vec<PodRef<'w>>>,
@@ -99,7 +100,7 @@ impl<'w> Pass<'w> {
         let roce_nodes = world
             .roce_nodes
             .iter()
-            .map(|rn| (rn.metadata.name.as_deref().unwrap_or_default(), rn))
+            .map(|rn| (rn.name.as_str(), rn))
             .collect();
         let own = selection::assign_nodes(&fabrics, &age, &world.nodes, &nodes_by_name);
         let (fabric_pods, unmatched) = route_pods(world, &fabrics, &age);

@@ -10,14 +10,12 @@
 
 use std::collections::HashMap;
 
-use rocefabric_api::conditions;
-use rocefabric_api::constants::{FABRIC_LABEL, condition};
-use rocefabric_api::{RoceNode, RoceNodeSpec};
+use rocefabric_api::RoceNodeSpec;
 
 use super::report::{NodeAction, NodeState};
 use super::selection::ParsedFabric;
 use super::writes::Write;
-use crate::objects::CompactNode;
+use crate::objects::{CompactNode, CompactRoceNode};
 
 /// Where a fabric's rollout stands: the numbers its status and report are made of.
 #[derive(Clone, Default)]
@@ -73,34 +71,19 @@ pub(crate) enum Report {
     Pending,
 }
 
-fn report_for(rn: &RoceNode, generation: i64) -> Report {
+fn report_for(rn: &CompactRoceNode, generation: i64) -> Report {
     let Some(status) = &rn.status else {
         return Report::Pending;
     };
     if status.fabric_generation != Some(generation) {
         return Report::Pending;
     }
-    match conditions::find(&status.conditions, condition::QOS_APPLIED).map(|c| c.status.as_str()) {
+    match status.qos_applied.as_deref() {
         Some("True") => Report::Applied,
         Some("False") => Report::Failed,
-        _ if conditions::is_true(&status.conditions, condition::DEGRADED, None) => Report::Failed,
+        _ if status.degraded => Report::Failed,
         _ => Report::Pending,
     }
-}
-
-/// The RoceNode carries the fabric label and a controller owner reference to this fabric.
-fn owned_by(rn: &RoceNode, name: &str, uid: &str) -> bool {
-    let labelled = rn
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(FABRIC_LABEL))
-        .is_some_and(|f| f == name);
-    let referenced = rn.metadata.owner_references.as_ref().is_some_and(|refs| {
-        refs.iter()
-            .any(|r| r.controller == Some(true) && r.uid == uid && r.name == name)
-    });
-    labelled && referenced
 }
 
 /// Where one owned node stands before pacing.
@@ -113,7 +96,7 @@ pub(crate) enum Class {
 
 /// Classify one owned node by the RoceNode it holds.
 pub(crate) fn classify(
-    rn: Option<&RoceNode>,
+    rn: Option<&CompactRoceNode>,
     desired: &RoceNodeSpec,
     fabric_name: &str,
     fabric_uid: &str,
@@ -127,7 +110,8 @@ pub(crate) fn classify(
         // over every node.
         Some(rn) if same_node_config(&rn.spec, desired) => Class::Current {
             report: report_for(rn, rn.spec.fabric_generation),
-            fix_metadata: !owned_by(rn, fabric_name, fabric_uid),
+            // The RoceNode carries the fabric label and a controller owner reference to it.
+            fix_metadata: !rn.owned_by(fabric_name, fabric_uid),
         },
         Some(rn) => Class::Stale {
             settling: report_for(rn, rn.spec.fabric_generation) == Report::Pending,
@@ -148,7 +132,7 @@ pub(crate) fn plan_rollout(
     fabric: &ParsedFabric<'_>,
     owned: &[usize],
     nodes: &[CompactNode],
-    roce_nodes: &HashMap<&str, &RoceNode>,
+    roce_nodes: &HashMap<&str, &CompactRoceNode>,
 ) -> Rollout {
     let desired = desired_spec(fabric);
     let names: Vec<&str> = owned.iter().map(|&n| node_name(&nodes[n])).collect();
@@ -220,7 +204,7 @@ fn tally(names: &[&str], classes: &[Class], budget: usize) -> RolloutCounts {
 /// What pacing reads: the fabric, the RoceNodes by name and the spec its nodes must hold.
 struct Pacer<'a, 'w> {
     fabric: &'a ParsedFabric<'w>,
-    roce_nodes: &'a HashMap<&'a str, &'a RoceNode>,
+    roce_nodes: &'a HashMap<&'a str, &'a CompactRoceNode>,
     desired: &'a RoceNodeSpec,
 }
 

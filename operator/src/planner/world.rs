@@ -4,9 +4,9 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::jiff::Timestamp;
-use rocefabric_api::{RoceFabric, RoceNode};
+use rocefabric_api::RoceFabric;
 
-use crate::objects::{CompactNode, CompactPod};
+use crate::objects::{CompactNode, CompactPod, CompactRoceNode};
 use crate::regions::FreedRegions;
 
 /// Everything the planner looks at. The shell fills it from its watch caches; the `plan`
@@ -15,7 +15,7 @@ use crate::regions::FreedRegions;
 pub struct World {
     pub fabrics: Vec<RoceFabric>,
     pub nodes: Vec<CompactNode>,
-    pub roce_nodes: Vec<RoceNode>,
+    pub roce_nodes: Vec<CompactRoceNode>,
     pub pods: Vec<CompactPod>,
     /// The region directories (`<fabric>-regions`, labelled `rocefabric.io/fabric`); other
     /// ConfigMaps are ignored.

@@ -28,8 +28,8 @@ use std::io::{BufRead, Read};
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::ConfigMap;
+use rocefabric_api::RoceFabric;
 use rocefabric_api::validate::FieldError;
-use rocefabric_api::{RoceFabric, RoceNode};
 use rocefabric_input::read::{self, ReadError, human};
 use rocefabric_input::yaml;
 use serde::de::DeserializeSeed;
@@ -125,7 +125,7 @@ pub struct Snapshot {
     /// Fabrics too malformed to read as a RoceFabric at all.
     pub unreadable_fabrics: Vec<InvalidFabric>,
     pub nodes: Vec<crate::objects::CompactNode>,
-    pub roce_nodes: Vec<RoceNode>,
+    pub roce_nodes: Vec<crate::objects::CompactRoceNode>,
     pub pods: Vec<crate::objects::CompactPod>,
     pub config_maps: Vec<ConfigMap>,
     /// Things worth saying that are not errors: objects given twice (the first

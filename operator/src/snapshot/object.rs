@@ -13,7 +13,7 @@ use rocefabric_input::shown;
 use rocefabric_input::yaml;
 use serde_json::{Map, Value};
 
-use crate::objects::{CompactNode, CompactPod};
+use crate::objects::{CompactNode, CompactPod, CompactRoceNode};
 
 use super::{InvalidFabric, Kind, MAX_NOTES, Snapshot, SnapshotError};
 
@@ -263,7 +263,10 @@ impl Snapshot {
                 let pod: CompactPod = quick_typed(value).map_err(typed)?;
                 self.pods.push(pod);
             }
-            Kind::RoceNode => self.roce_nodes.push(yaml::typed(value).map_err(typed)?),
+            Kind::RoceNode => {
+                let rn: CompactRoceNode = quick_typed(value).map_err(typed)?;
+                self.roce_nodes.push(rn);
+            }
             Kind::ConfigMap => self.config_maps.push(yaml::typed(value).map_err(typed)?),
         }
         if self.unreadable_fabrics.len() > unreadable
@@ -343,7 +346,7 @@ impl Snapshot {
             Kind::RoceFabric => same_json(self.fabrics.get(i), value),
             Kind::Pod => same(self.pods.get(i), value, |_| ()),
             Kind::Node => same(self.nodes.get(i), value, |_| ()),
-            Kind::RoceNode => same_json(self.roce_nodes.get(i), value),
+            Kind::RoceNode => same(self.roce_nodes.get(i), value, |_| ()),
             Kind::ConfigMap => same(self.config_maps.get(i), value, |_| ()),
         };
         let what = format!("{} {}", id.kind.as_str(), shown(&id.key));

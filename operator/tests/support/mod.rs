@@ -9,13 +9,13 @@
 pub mod writes;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use rocefabric_api::RoceFabric;
 use rocefabric_api::constants::REGION_SCHEDULING_GATE;
-use rocefabric_api::{RoceFabric, RoceNode};
+
 use rocefabric_formats::directory::{self, DirectoryEntry};
 use rocefabric_formats::names::DIRECTORY_KEY;
 use rocefabric_formats::region::RegionAssignment;
-pub use rocefabric_operator::objects::{CompactNode, CompactPod};
+pub use rocefabric_operator::objects::{CompactNode, CompactPod, CompactRoceNode, NodeReport};
 use rocefabric_operator::planner::writes::{
     region_directory_name, region_directory_object, roce_node_object,
 };
@@ -88,34 +88,18 @@ pub fn apply_writes(world: &mut World, writes: &[Write]) {
                 fabric_uid,
                 spec,
             } => {
-                let mut obj = roce_node_object(name, fabric_name, fabric_uid, spec);
-                match world
-                    .roce_nodes
-                    .iter_mut()
-                    .find(|rn| rn.metadata.name.as_deref() == Some(name))
-                {
+                let obj =
+                    CompactRoceNode::from(roce_node_object(name, fabric_name, fabric_uid, spec));
+                match world.roce_nodes.iter_mut().find(|rn| rn.name == *name) {
                     Some(rn) => {
-                        if rn.spec != obj.spec {
-                            rn.metadata.generation = Some(rn.metadata.generation.unwrap_or(1) + 1);
-                        }
-                        rn.metadata
-                            .labels
-                            .get_or_insert_default()
-                            .extend(obj.metadata.labels.take().unwrap_or_default());
-                        rn.metadata.owner_references = obj.metadata.owner_references.take();
+                        rn.fabric_label = obj.fabric_label;
+                        rn.controller = obj.controller;
                         rn.spec = obj.spec;
                     }
-                    None => {
-                        obj.metadata.uid = Some(format!("uid-rn-{name}"));
-                        obj.metadata.generation = Some(1);
-                        obj.metadata.creation_timestamp = Some(Time(world.now));
-                        world.roce_nodes.push(obj);
-                    }
+                    None => world.roce_nodes.push(obj),
                 }
             }
-            Write::DeleteRoceNode { name } => world
-                .roce_nodes
-                .retain(|rn| rn.metadata.name.as_deref() != Some(name)),
+            Write::DeleteRoceNode { name } => world.roce_nodes.retain(|rn| rn.name != *name),
             Write::ApplyFabricStatus { fabric, status } => {
                 let f = world
                     .fabrics
@@ -187,7 +171,7 @@ pub fn agent_reports(world: &mut World, names: &[&str], applied: bool) {
     for rn in world
         .roce_nodes
         .iter_mut()
-        .filter(|rn| names.contains(&rn.metadata.name.as_deref().unwrap_or_default()))
+        .filter(|rn| names.contains(&rn.name.as_str()))
     {
         report(rn, applied);
     }
@@ -200,8 +184,9 @@ pub fn agent_reports_all(world: &mut World, applied: bool) {
     }
 }
 
-fn report(rn: &mut RoceNode, applied: bool) {
-    rn.status = Some(agent_status(rn.spec.fabric_generation, applied, ts(T0)));
+fn report(rn: &mut CompactRoceNode, applied: bool) {
+    let status = agent_status(rn.spec.fabric_generation, applied, ts(T0));
+    rn.status = Some(NodeReport::from(&status));
 }
 
 /// Nodes given a spec to apply (pending placeholders excluded).

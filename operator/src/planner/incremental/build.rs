@@ -4,8 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::objects::CompactPod;
-use rocefabric_api::RoceNode;
+use crate::objects::{CompactPod, CompactRoceNode};
 use rocefabric_api::validate::FieldError;
 
 use super::super::pod::{self, PodRef};
@@ -30,7 +29,7 @@ impl State {
         world: &'w World,
         plan: &Plan,
         mut findings: HashMap<String, RegionFindings>,
-        roce_node: &dyn Fn(&str) -> Option<&'w RoceNode>,
+        roce_node: &dyn Fn(&str) -> Option<&'w CompactRoceNode>,
     ) -> Self {
         let validation: Vec<_> = world
             .fabrics

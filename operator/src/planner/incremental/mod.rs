@@ -25,14 +25,14 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
+use rocefabric_api::RoceFabric;
 use rocefabric_api::constants::FABRIC_LABEL;
-use rocefabric_api::{RoceFabric, RoceNode};
 
 use super::pod::{self, PodRef};
 use super::selection::{self, ParsedFabric, Route, Router};
 use super::writes::{Write, region_directory_name};
 use super::{Plan, PlanOptions, World};
-use crate::objects::{CompactNode, CompactPod, Matcher};
+use crate::objects::{CompactNode, CompactPod, CompactRoceNode, Matcher};
 use crate::regions::{FreedRegions, Ledger};
 use keyed::Keyed;
 use nodes::{NodeSelectors, Owner, Rollout};
@@ -57,7 +57,7 @@ pub struct Incremental {
     opts: PlanOptions,
     fabrics: Vec<RoceFabric>,
     nodes: Keyed<String, CompactNode>,
-    roce_nodes: Keyed<String, RoceNode>,
+    roce_nodes: Keyed<String, CompactRoceNode>,
     pods: Keyed<PodKey, CompactPod>,
     config_maps: Keyed<PodKey, ConfigMap>,
     /// `None`: the next plan is a full pass.
@@ -104,7 +104,7 @@ impl Incremental {
             opts,
             fabrics: Vec::new(),
             nodes: Keyed::new(|n: &CompactNode| n.name.clone()),
-            roce_nodes: Keyed::new(|n: &RoceNode| name_key(&n.metadata)),
+            roce_nodes: Keyed::new(|n: &CompactRoceNode| n.name.clone()),
             pods: Keyed::new(|p: &CompactPod| (p.namespace.to_string(), p.name.clone())),
             config_maps: Keyed::new(|c: &ConfigMap| object_key(&c.metadata)),
             state: None,
@@ -314,8 +314,8 @@ impl Incremental {
 
     // --- RoceNodes.
 
-    pub fn upsert_roce_node(&mut self, rn: RoceNode) {
-        let name = rn.metadata.name.clone().unwrap_or_default();
+    pub fn upsert_roce_node(&mut self, rn: CompactRoceNode) {
+        let name = rn.name.clone();
         self.roce_nodes.insert(rn);
         self.roce_node_changed(&name);
     }
@@ -444,7 +444,7 @@ impl Incremental {
         self.nodes.replace(items);
     }
 
-    pub fn replace_roce_nodes(&mut self, items: Vec<RoceNode>) {
+    pub fn replace_roce_nodes(&mut self, items: Vec<CompactRoceNode>) {
         self.fall_back();
         self.roce_nodes.replace(items);
     }
@@ -546,7 +546,7 @@ impl Incremental {
 
 impl State {
     /// Move node `name` to `owner`.
-    fn move_node(&mut self, name: &str, owner: Owner, rn: Option<&RoceNode>) {
+    fn move_node(&mut self, name: &str, owner: Owner, rn: Option<&CompactRoceNode>) {
         let old = self.owners.get(name).cloned().unwrap_or_default();
         if old == owner {
             return;
@@ -582,7 +582,7 @@ impl State {
 
     /// Whether the RoceNode `name` is to be deleted: its node is gone or no fabric owns it, and
     /// it is not kept for an invalid or deleting fabric.
-    fn refresh_delete(&mut self, name: &str, exists: bool, rn: Option<&RoceNode>) {
+    fn refresh_delete(&mut self, name: &str, exists: bool, rn: Option<&CompactRoceNode>) {
         let Some(rn) = rn else {
             self.deletes.remove(name);
             return;
@@ -675,10 +675,6 @@ fn directory_fabric(cm: &ConfigMap) -> Option<String> {
     let fabric = cm.metadata.labels.as_ref()?.get(FABRIC_LABEL)?;
     (cm.metadata.name.as_deref() == Some(region_directory_name(fabric).as_str()))
         .then(|| fabric.clone())
-}
-
-fn name_key(meta: &ObjectMeta) -> String {
-    meta.name.clone().unwrap_or_default()
 }
 
 fn object_key(meta: &ObjectMeta) -> PodKey {

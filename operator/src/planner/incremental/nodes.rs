@@ -3,13 +3,13 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use rocefabric_api::{RoceFabric, RoceNode, RoceNodeSpec};
+use rocefabric_api::{RoceFabric, RoceNodeSpec};
 
 use super::super::rollout::{self, Class, Report, RolloutCounts, count};
 use super::super::selection::ParsedFabric;
 use super::super::writes::Write;
 use super::keyed::Keyed;
-use crate::objects::{CompactNode, Matcher};
+use crate::objects::{CompactNode, CompactRoceNode, Matcher};
 
 /// Who owns a node, and which younger fabrics select it too.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -92,7 +92,7 @@ impl Rollout {
     }
 
     /// Add (or re-classify) an owned node by the RoceNode it holds.
-    pub fn put(&mut self, name: &str, rn: Option<&RoceNode>) {
+    pub fn put(&mut self, name: &str, rn: Option<&CompactRoceNode>) {
         self.remove(name);
         let class = rollout::classify(rn, &self.desired, &self.fabric_name, &self.fabric_uid);
         let name = name.to_string();
@@ -156,7 +156,7 @@ impl Rollout {
     pub fn plan(
         &self,
         obj: &RoceFabric,
-        roce_nodes: &Keyed<String, RoceNode>,
+        roce_nodes: &Keyed<String, CompactRoceNode>,
         writes: &mut Vec<Write>,
     ) -> RolloutCounts {
         let selected = self.classes.len();
