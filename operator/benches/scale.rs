@@ -17,6 +17,7 @@
 //! | `SCALE_DEBOUNCE_MS`, `SCALE_RESYNC_SECONDS` | the operator's `--debounce-ms` and `--resync-seconds` | 50, 60 |
 //! | `SCALE_RUST_LOG` | the operator's `RUST_LOG` | info |
 //! | `SCALE_POD_SELECTOR` | the operator's `--pod-label-selector` (e.g. `rocefabric.io/fabric`) | none: every pod |
+//! | `SCALE_OPERATOR_LOG` | a file every line the operator logs is appended to | none |
 //! | `SCALE_OPERATOR_WORKERS` | the operator's tokio worker threads (`TOKIO_WORKER_THREADS`) | tokio's default: one per core |
 //! | `SCALE_ROLLOUT_QPS` | last, the operator restarted with this `--write-qps` rolls an MTU edit out at `maxUnavailable: 10%` (`skip`: not) | 100 (the chart's default) |
 //!

@@ -3,7 +3,7 @@
 //! memory read from `/proc/<pid>/status`.
 
 use std::collections::VecDeque;
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write as _};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -166,9 +166,26 @@ impl Operator {
         let (tx, lines) = mpsc::unbounded_channel();
         let log = Arc::new(Mutex::new(LogTail::default()));
         let tail = log.clone();
+        // Every line kept in a file as well, when asked (SCALE_OPERATOR_LOG), appended across
+        // restarts.
+        let mut copy = match std::env::var_os("SCALE_OPERATOR_LOG") {
+            Some(path) => Some(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&path)
+                    .with_context(|| format!("SCALE_OPERATOR_LOG={}", path.display()))?,
+            ),
+            None => None,
+        };
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines() {
                 let Ok(line) = line else { break };
+                if let Some(file) = &mut copy
+                    && writeln!(file, "{line}").is_err()
+                {
+                    copy = None;
+                }
                 let at = Instant::now();
                 let parsed = read_line(&line, at);
                 let mut t = tail.lock().unwrap_or_else(|e| e.into_inner());

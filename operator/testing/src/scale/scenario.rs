@@ -236,7 +236,9 @@ impl Harness {
 
     /// Wait until a pass had nothing to do and no other followed within the operator's
     /// reaction time (the last event's consequences have played out: a change its snapshot
-    /// missed would have brought another pass).
+    /// missed would have brought another pass), or two passes in a row had nothing to do (the
+    /// second saw the first's world: with a short resync and only resyncs since a restart, the
+    /// reaction time, twice the shortest gap, outlasts the resync).
     pub async fn settle(&mut self) -> anyhow::Result<()> {
         loop {
             let idle = self.last.is_some_and(|p| p.writes == 0);
@@ -246,6 +248,7 @@ impl Harness {
                 self.pass_timeout
             };
             match self.next_pass(wait).await {
+                Ok(pass) if idle && pass.writes == 0 => return Ok(()),
                 Ok(_) => {}
                 Err(_) if idle && self.operator.running() => return Ok(()),
                 Err(e) => return Err(e),
