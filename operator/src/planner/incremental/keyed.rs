@@ -1,6 +1,7 @@
 //! Objects in a `Vec` (the shape [`super::super::World`] takes, so a full pass borrows them
 //! without a copy) with an index by key.
 
+use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::hash::Hash;
 
@@ -19,16 +20,26 @@ impl<K: Hash + Eq + Clone, T> Keyed<K, T> {
         }
     }
 
-    pub fn get(&self, key: &K) -> Option<&T> {
+    // Looked up by a borrowed key (`&str` for a `String`): an event's lookups build no key.
+    pub fn get<Q: Hash + Eq + ?Sized>(&self, key: &Q) -> Option<&T>
+    where
+        K: Borrow<Q>,
+    {
         self.index.get(key).map(|&i| &self.items[i])
     }
 
     /// Where `key`'s object sits in the `Vec` (also while lent).
-    pub fn position(&self, key: &K) -> Option<usize> {
+    pub fn position<Q: Hash + Eq + ?Sized>(&self, key: &Q) -> Option<usize>
+    where
+        K: Borrow<Q>,
+    {
         self.index.get(key).copied()
     }
 
-    pub fn contains_key(&self, key: &K) -> bool {
+    pub fn contains_key<Q: Hash + Eq + ?Sized>(&self, key: &Q) -> bool
+    where
+        K: Borrow<Q>,
+    {
         self.index.contains_key(key)
     }
 
@@ -45,7 +56,10 @@ impl<K: Hash + Eq + Clone, T> Keyed<K, T> {
         }
     }
 
-    pub fn remove(&mut self, key: &K) -> Option<T> {
+    pub fn remove<Q: Hash + Eq + ?Sized>(&mut self, key: &Q) -> Option<T>
+    where
+        K: Borrow<Q>,
+    {
         let i = self.index.remove(key)?;
         let item = self.items.swap_remove(i);
         if let Some(moved) = self.items.get(i) {

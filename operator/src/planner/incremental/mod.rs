@@ -303,9 +303,9 @@ impl Incremental {
     }
 
     pub fn remove_node(&mut self, name: &str) {
-        self.nodes.remove(&name.to_string());
+        self.nodes.remove(name);
         if let Some(state) = self.state.as_mut() {
-            let rn = self.roce_nodes.get(&name.to_string());
+            let rn = self.roce_nodes.get(name);
             state.move_node(name, Owner::default(), rn);
             state.refresh_delete(name, false, rn);
         }
@@ -321,7 +321,7 @@ impl Incremental {
     }
 
     pub fn remove_roce_node(&mut self, name: &str) {
-        self.roce_nodes.remove(&name.to_string());
+        self.roce_nodes.remove(name);
         self.roce_node_changed(name);
     }
 
@@ -330,10 +330,10 @@ impl Incremental {
             if let Some(owner) = state.owners.get(name).and_then(|o| o.owner)
                 && let Some(r) = state.rollouts[owner].as_mut()
             {
-                r.put(name, self.roce_nodes.get(&name.to_string()));
+                r.put(name, self.roce_nodes.get(name));
             }
-            let exists = self.nodes.contains_key(&name.to_string());
-            state.refresh_delete(name, exists, self.roce_nodes.get(&name.to_string()));
+            let exists = self.nodes.contains_key(name);
+            state.refresh_delete(name, exists, self.roce_nodes.get(name));
         }
         self.figures.changes += 1;
     }
