@@ -110,7 +110,7 @@ impl std::fmt::Debug for Endpoint {
     }
 }
 
-/// The directory file, re-read when its modification time or length changed.
+/// The directory file, re-read when its inode, modification time or length changed.
 struct DirectoryFile {
     path: PathBuf,
     last: Mutex<Option<(directory::Stamp, Directory)>>,
