@@ -9,8 +9,9 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference};
+use kube::Resource;
 use rocefabric_api::constants::{FABRIC_LABEL, condition};
-use rocefabric_api::{RoceNode, RoceNodeSpec, RoceNodeStatus};
+use rocefabric_api::{RoceFabric, RoceNode, RoceNodeSpec, RoceNodeStatus};
 use serde::Deserialize;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
 
@@ -111,8 +112,8 @@ impl From<&CompactRoceNode> for RoceNode {
             .map(|f| BTreeMap::from([(FABRIC_LABEL.to_string(), f.clone())]));
         rn.metadata.owner_references = n.controller.as_ref().map(|(name, uid)| {
             vec![OwnerReference {
-                api_version: "rocefabric.io/v1alpha1".into(),
-                kind: "RoceFabric".into(),
+                api_version: RoceFabric::api_version(&()).into_owned(),
+                kind: RoceFabric::kind(&()).into_owned(),
                 name: name.clone(),
                 uid: uid.clone(),
                 controller: Some(true),
