@@ -393,13 +393,10 @@ impl Dsm {
         let target = if e.pod == self.cfg.pod {
             SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), self.rendezvous_port())
         } else {
-            let Some(ip) = e.pod_ip.as_deref() else {
-                // The operator writes the IP once the pod runs: read the file again at the next
-                // check even if its stamp did not move.
-                self.stamp = None;
-                return Err(gone("the directory has no pod IP for it yet".into()));
-            };
-            let ip: IpAddr = ip
+            let ip: IpAddr = e
+                .pod_ip
+                .as_deref()
+                .ok_or_else(|| gone("the directory has no pod IP for it yet".into()))?
                 .parse()
                 .map_err(|x| gone(format!("pod IP in the directory: {x}")))?;
             SocketAddr::new(ip, self.rendezvous_port())
