@@ -1,5 +1,5 @@
-//! An in-process Kubernetes API server for the scale harness: HTTP/1.1 on 127.0.0.1, no auth,
-//! serving the generated cluster (see [`crate::scale::cluster`]) to the real operator binary.
+//! An in-process Kubernetes API server for the scale harness: TLS on 127.0.0.1 with a certificate
+//! made at start, HTTP/2 or HTTP/1.1 by ALPN as kube-apiserver does ([`tls`]), no auth, serving the generated cluster (see [`crate::scale::cluster`]) to the real operator binary.
 //!
 //! Built for size: pods and nodes are generated on read from one small record each, lists are
 //! paged (`limit`/`continue`) or streamed, watches are chunked JSON lines served from a change
@@ -17,8 +17,10 @@ mod generated;
 mod http;
 mod read;
 mod simulate;
+mod tls;
 mod watch;
 
+use base64::Engine as _;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -225,6 +227,8 @@ impl State {
 pub struct ApiServer {
     shared: Arc<Shared>,
     addr: SocketAddr,
+    /// The server's self-signed certificate (PEM): the cluster CA of its kubeconfig.
+    ca_pem: String,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -286,21 +290,20 @@ impl ApiServer {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let app = http::router(shared.clone());
-        let server = tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, app).await {
-                eprintln!("scale api server stopped: {e}");
-            }
-        });
+        let tls = tls::Tls::self_signed()?;
+        let ca_pem = tls.ca_pem.clone();
+        let server = tokio::spawn(tls.serve(listener, app));
         let agents = tokio::spawn(simulate::run(shared.clone(), sim_rx));
         Ok(ApiServer {
             shared,
             addr,
+            ca_pem,
             tasks: vec![server, agents],
         })
     }
 
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("https://{}", self.addr)
     }
 
     /// Write a kubeconfig for this server into `dir`.
@@ -308,9 +311,11 @@ impl ApiServer {
         let path = dir.join("kubeconfig");
         let text = format!(
             "apiVersion: v1\nkind: Config\nclusters:\n- name: scale\n  cluster:\n    server: {}\n\
+             \x20   certificate-authority-data: {}\n\
              users:\n- name: scale\n  user: {{}}\ncontexts:\n- name: scale\n  context:\n    \
              cluster: scale\n    user: scale\n    namespace: default\ncurrent-context: scale\n",
-            self.url()
+            self.url(),
+            base64::engine::general_purpose::STANDARD.encode(&self.ca_pem),
         );
         std::fs::write(&path, text)?;
         Ok(path)
@@ -501,4 +506,10 @@ impl ApiServer {
         );
         serde_json::from_str(&st.objects.get(&key)?.json).ok()
     }
+}
+
+/// The PEM of a fresh self-signed certificate like the server's, which no server here holds the
+/// key of: a CA that must not be trusted for this server.
+pub fn self_signed_pem() -> anyhow::Result<String> {
+    Ok(tls::Tls::self_signed()?.ca_pem)
 }
