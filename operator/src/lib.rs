@@ -14,3 +14,4 @@ pub mod rate;
 pub mod regions;
 pub mod snapshot;
 pub mod trim;
+pub mod write_client;

@@ -71,7 +71,7 @@ async fn follower_is_quiet_then_takes_over_configures_goes_quiet_and_releases() 
     let stop_election = CancellationToken::new();
     let election = tokio::spawn(elector.run(leader_tx, stop_election.clone()));
     let ctrl = tokio::spawn(controller::run(
-        client,
+        client.into(),
         ControllerConfig::new("op-1"),
         Handles {
             metrics: metrics.clone(),
@@ -221,7 +221,7 @@ async fn a_pod_label_selector_filters_only_the_pod_watch() {
     let (_leader_tx, leader_rx) = watch::channel(false);
     let health = Arc::new(Health::default());
     let ctrl = tokio::spawn(controller::run(
-        client,
+        client.into(),
         ControllerConfig {
             pod_label_selector: Some("rocefabric.io/fabric".into()),
             ..ControllerConfig::new("op-1")

@@ -117,6 +117,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
              or run inside a cluster with a service account ({e})"
         )
     })?;
+    let writer = crate::write_client::build(&config)
+        .context("failed to build a Kubernetes client from the configuration")?;
     let client = Client::try_from(config)
         .context("failed to build a Kubernetes client from the configuration")?;
     let namespace = args
@@ -166,7 +168,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         ..ControllerConfig::new(identity.clone())
     };
     let controller_task = tokio::spawn(controller::run(
-        client,
+        controller::Clients {
+            watch: client,
+            write: writer,
+        },
         controller_config,
         controller::Handles {
             metrics,

@@ -116,9 +116,26 @@ pub struct Handles {
     pub shutdown: CancellationToken,
 }
 
+/// The clients the controller talks through: one for its watches and reads, one for its writes.
+#[derive(Clone)]
+pub struct Clients {
+    pub watch: Client,
+    pub write: Client,
+}
+
+impl From<Client> for Clients {
+    /// Both through the same client.
+    fn from(client: Client) -> Self {
+        Self {
+            watch: client.clone(),
+            write: client,
+        }
+    }
+}
+
 /// Run the controller until `shutdown`: watch, and while `leader` is true, reconcile.
 pub async fn run(
-    client: Client,
+    clients: Clients,
     config: ControllerConfig,
     handles: Handles,
 ) -> Result<(), ControllerError> {
@@ -128,6 +145,10 @@ pub async fn run(
         leader,
         shutdown,
     } = handles;
+    let Clients {
+        watch: client,
+        write: writer,
+    } = clients;
     let mut events = watches(&client);
     let pod_selector = config.pod_label_selector.clone();
     let mut pods = pod_watch(&client, pod_selector.as_deref());
@@ -137,7 +158,7 @@ pub async fn run(
     ))));
     let (changed_tx, changed_rx) = watch::channel(0u64);
     let mut ctx = Context::new(
-        client,
+        writer,
         &config.identity,
         metrics.clone(),
         leader,

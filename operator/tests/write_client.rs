@@ -1,0 +1,122 @@
+//! The writes' client against a TLS API server (the scale harness's, which chooses HTTP/2 or
+//! HTTP/1.1 by ALPN as kube-apiserver does): it speaks HTTP/2 where kube's own client speaks
+//! HTTP/1.1, its writes land, and it refuses a server whose certificate it was not told to
+//! trust, and a `tls-server-name` that is no name.
+
+use std::path::Path;
+
+use http::Version;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+use rocefabric_operator::write_client::{WriteClientError, build};
+use rocefabric_operator_testing::scale::apiserver::{ApiServer, Options, Resource};
+use rocefabric_operator_testing::scale::cluster::{GeneratedCluster, Sizes};
+
+const SIZES: Sizes = Sizes {
+    nodes: 2,
+    pods: 2,
+    fabric_pods: 1,
+    namespaces: 1,
+};
+
+async fn server() -> ApiServer {
+    ApiServer::start(GeneratedCluster::new(SIZES), Options::default())
+        .await
+        .expect("the API server starts")
+}
+
+async fn config_of(kubeconfig: Kubeconfig) -> Config {
+    Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .expect("a client configuration")
+}
+
+async fn config(dir: &Path, server: &ApiServer) -> Config {
+    let path = server.write_kubeconfig(dir).expect("a kubeconfig");
+    config_of(Kubeconfig::read_from(path).expect("a readable kubeconfig")).await
+}
+
+/// The HTTP version a GET of the node list was answered in.
+async fn version_of(client: &Client) -> Result<Version, kube::Error> {
+    let request = http::Request::get("/api/v1/nodes?limit=1")
+        .body(Vec::new())
+        .expect("a request");
+    Ok(client.send(request.map(Into::into)).await?.version())
+}
+
+#[tokio::test]
+async fn writes_go_over_http2_where_kubes_client_speaks_http1() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = server().await;
+    let config = config(dir.path(), &server).await;
+    let writer = build(&config).expect("the write client");
+    assert_eq!(version_of(&writer).await.unwrap(), Version::HTTP_2);
+    let reader = Client::try_from(config).unwrap();
+    assert_eq!(version_of(&reader).await.unwrap(), Version::HTTP_11);
+}
+
+#[tokio::test]
+async fn an_apply_through_it_lands() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = server().await;
+    let writer = build(&config(dir.path(), &server).await).unwrap();
+    let spec = rocefabric_api::RoceNodeSpec {
+        fabric: "f".into(),
+        fabric_generation: 7,
+        qos: Default::default(),
+        nic_selector: Default::default(),
+        pending: false,
+    };
+    let body =
+        rocefabric_operator::planner::writes::roce_node_object("node-x", "f", "uid-f", &spec);
+    let api: kube::Api<rocefabric_api::RoceNode> = kube::Api::all(writer);
+    let params = kube::api::PatchParams::apply("rocefabric-operator").force();
+    api.patch("node-x", &params, &kube::api::Patch::Apply(&body))
+        .await
+        .expect("the apply is accepted");
+    let stored = server
+        .object(Resource::RoceNodes, None, "node-x")
+        .expect("the RoceNode is stored");
+    assert_eq!(stored["spec"]["fabricGeneration"], 7);
+}
+
+#[tokio::test]
+async fn a_server_it_was_not_told_to_trust_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = server().await;
+    let path = server.write_kubeconfig(dir.path()).unwrap();
+    let mut kubeconfig = Kubeconfig::read_from(path).unwrap();
+    for named in &mut kubeconfig.clusters {
+        if let Some(cluster) = named.cluster.as_mut() {
+            // Another server's certificate: ours does not chain to it.
+            cluster.certificate_authority_data = Some(base64_of(
+                &rocefabric_operator_testing::scale::apiserver::self_signed_pem().unwrap(),
+            ));
+        }
+    }
+    let writer = build(&config_of(kubeconfig).await).unwrap();
+    let error = version_of(&writer).await.expect_err("an untrusted server");
+    assert!(
+        format!("{error:?}").contains("InvalidCertificate"),
+        "{error:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_tls_server_name_that_is_no_name_is_refused_by_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = server().await;
+    let mut config = config(dir.path(), &server).await;
+    config.tls_server_name = Some("not a name!".into());
+    match build(&config) {
+        Err(error @ WriteClientError::TlsServerName { .. }) => {
+            assert!(error.to_string().contains("\"not a name!\""), "{error}");
+        }
+        other => panic!("expected a refused tls-server-name, got {:?}", other.err()),
+    }
+}
+
+fn base64_of(text: &str) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(text)
+}
