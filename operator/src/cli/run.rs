@@ -118,7 +118,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         )
     })?;
     let writer = crate::write_client::build(&config)
-        .context("failed to build a Kubernetes client from the configuration")?;
+        .context("failed to build the write client (HTTP/2) from the configuration")?;
     let client = Client::try_from(config)
         .context("failed to build a Kubernetes client from the configuration")?;
     let namespace = args
