@@ -57,7 +57,7 @@ const NOT_PURE: &[&str] = &[
 const LONG_FILES: &[(&str, &str)] = &[];
 const MAX_LINES: usize = 700;
 
-/// The files that may hold `unsafe` (README, Choices): the ioctl, the verbs room, glibc's heap.
+/// The files that may hold `unsafe` (README, Choices): the ioctl, the verbs room, the operator's heap.
 const UNSAFE_FILES: &[&str] = &[
     "device-plugin/qos/src/ethtool.rs",
     "dsm/src/verbs.rs",

@@ -219,13 +219,8 @@ fn print(f: &Figures) {
     );
     if let Some(heap) = f.converged_heap {
         row(
-            "  of which the allocator's, after the last full pass: live objects / free / obtained",
-            format!(
-                "{} / {} / {}",
-                gib(heap.in_use),
-                gib(heap.free),
-                gib(heap.obtained)
-            ),
+            "  resident once the allocator gave freed pages back, after the last full pass",
+            gib(heap.resident),
             "",
         );
     }

@@ -42,13 +42,11 @@ impl Pass {
     }
 }
 
-/// What the operator's allocator held, from its last `heap given back` line (after a list or
-/// a full pass): live objects against what it obtained from the kernel.
+/// The operator's resident set once its allocator gave freed pages back, from its last `heap
+/// given back` line (after a list or a full pass).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Heap {
-    pub in_use: u64,
-    pub free: u64,
-    pub obtained: u64,
+    pub resident: u64,
 }
 
 /// Resident memory of a process, in bytes.
@@ -314,9 +312,7 @@ fn read_line(line: &str, at: Instant) -> Option<Line> {
         "planned in full" => Some(Line::Full),
         "caches synced" => Some(Line::Synced(at)),
         "heap given back" => Some(Line::Heap(Heap {
-            in_use: number(&v, "in_use_bytes"),
-            free: number(&v, "free_bytes"),
-            obtained: number(&v, "obtained_bytes"),
+            resident: number(&v, "resident_bytes"),
         })),
         _ => None,
     }
@@ -342,11 +338,11 @@ mod tests {
 
     #[test]
     fn the_heap_line_is_read() {
-        let line = r#"{"level":"INFO","message":"heap given back","in_use_bytes":3,"free_bytes":2,"obtained_bytes":5}"#;
+        let line = r#"{"level":"INFO","message":"heap given back","resident_bytes":5}"#;
         let Some(Line::Heap(h)) = read_line(line, Instant::now()) else {
             panic!("a heap line")
         };
-        assert_eq!((h.in_use, h.free, h.obtained), (3, 2, 5));
+        assert_eq!(h.resident, 5);
     }
 
     #[test]
