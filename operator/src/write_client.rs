@@ -69,3 +69,13 @@ pub fn build(config: &Config) -> Result<Client, WriteClientError> {
         .service(hyper);
     Ok(Client::new(service, config.default_namespace.clone()))
 }
+
+/// The HTTP version the API server answers `client` in, from a `GET /version` (readable by
+/// every caller, `system:public-info-viewer`). The operator logs it at start, so `kubectl logs`
+/// tells whether its writes share one HTTP/2 connection.
+pub async fn negotiated_version(client: &Client) -> Result<http::Version, kube::Error> {
+    let request = http::Request::get("/version")
+        .body(Vec::new())
+        .map_err(kube::Error::HttpError)?;
+    Ok(client.send(request.map(Into::into)).await?.version())
+}

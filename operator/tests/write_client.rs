@@ -8,7 +8,7 @@ use std::path::Path;
 use http::Version;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
-use rocefabric_operator::write_client::{WriteClientError, build};
+use rocefabric_operator::write_client::{WriteClientError, build, negotiated_version};
 use rocefabric_operator_testing::scale::apiserver::{ApiServer, Options, Resource};
 use rocefabric_operator_testing::scale::cluster::{GeneratedCluster, Sizes};
 
@@ -36,23 +36,15 @@ async fn config(dir: &Path, server: &ApiServer) -> Config {
     config_of(Kubeconfig::read_from(path).expect("a readable kubeconfig")).await
 }
 
-/// The HTTP version a GET of the node list was answered in.
-async fn version_of(client: &Client) -> Result<Version, kube::Error> {
-    let request = http::Request::get("/api/v1/nodes?limit=1")
-        .body(Vec::new())
-        .expect("a request");
-    Ok(client.send(request.map(Into::into)).await?.version())
-}
-
 #[tokio::test]
 async fn writes_go_over_http2_where_kubes_client_speaks_http1() {
     let dir = tempfile::tempdir().unwrap();
     let server = server().await;
     let config = config(dir.path(), &server).await;
     let writer = build(&config).expect("the write client");
-    assert_eq!(version_of(&writer).await.unwrap(), Version::HTTP_2);
+    assert_eq!(negotiated_version(&writer).await.unwrap(), Version::HTTP_2);
     let reader = Client::try_from(config).unwrap();
-    assert_eq!(version_of(&reader).await.unwrap(), Version::HTTP_11);
+    assert_eq!(negotiated_version(&reader).await.unwrap(), Version::HTTP_11);
 }
 
 #[tokio::test]
@@ -95,7 +87,9 @@ async fn a_server_it_was_not_told_to_trust_is_refused() {
         }
     }
     let writer = build(&config_of(kubeconfig).await).unwrap();
-    let error = version_of(&writer).await.expect_err("an untrusted server");
+    let error = negotiated_version(&writer)
+        .await
+        .expect_err("an untrusted server");
     assert!(
         format!("{error:?}").contains("InvalidCertificate"),
         "{error:?}"

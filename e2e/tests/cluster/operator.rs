@@ -1,6 +1,7 @@
 //! The operator against the real API server: a RoceNode per selected node with the agent's status,
 //! fabric conditions with observedGeneration and Events, the rollout budget over three extra Node
-//! objects, and leader election with two replicas while pods are being assigned windows.
+//! objects, leader election with two replicas while pods are being assigned windows, and the
+//! operator's writes over HTTP/2.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -122,6 +123,42 @@ fn fabric_creates_rocenodes_and_reports_status() {
         ] {
             assert!(types.contains(&t), "standard condition {t} in {types:?}");
         }
+    });
+}
+
+/// The operator's writes go over HTTP/2 to the real API server (one connection for a batch of
+/// RoceNode applies): each replica says at start which version its write client got.
+#[test]
+fn operator_writes_over_http2() {
+    const TEST: &str = "operator_writes_over_http2";
+    let Some(ctx) = cluster(TEST) else {
+        return;
+    };
+    ctx.rt.block_on(async {
+        let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), NAMESPACE);
+        // Any running replica will do; the failover test may be replacing one meanwhile.
+        let line = eventually("an operator replica's write client connected", || async {
+            let list = pods
+                .list(&ListParams::default().labels(&operator_selector()))
+                .await
+                .map_err(|e| e.to_string())?;
+            let mut seen = Vec::new();
+            for pod in &list.items {
+                let Ok(logs) = pods.logs(&pod.name_any(), &Default::default()).await else {
+                    continue;
+                };
+                if let Some(line) = logs.lines().find(|l| l.contains("write client connected")) {
+                    return Ok(line.to_string());
+                }
+                seen.push(pod.name_any());
+            }
+            Err(format!("no such line yet in the logs of {seen:?}"))
+        })
+        .await;
+        assert!(
+            line.contains("\"http_version\":\"HTTP/2.0\""),
+            "the write client negotiated HTTP/2 with kube-apiserver: {line}"
+        );
     });
 }
 

@@ -130,6 +130,14 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             "no identity: pass --identity or set POD_NAME (the hostname could not be read)",
         )?;
     tracing::info!(lease = %args.lease_name, %namespace, %identity, "starting rocefabric-operator");
+    // Said once: whether the writes go over one HTTP/2 connection or fell back to HTTP/1.1.
+    let probe = writer.clone();
+    tokio::spawn(async move {
+        match crate::write_client::negotiated_version(&probe).await {
+            Ok(version) => tracing::info!(http_version = ?version, "write client connected"),
+            Err(error) => tracing::warn!(%error, "write client could not reach the API server"),
+        }
+    });
 
     let shutdown = CancellationToken::new();
     let metrics = Arc::new(Metrics::new());

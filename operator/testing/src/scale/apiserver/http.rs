@@ -39,6 +39,10 @@ fn respond(status: u16, body: impl Into<Body>) -> Response {
         .unwrap_or_default()
 }
 
+/// What `GET /version` answers (the release this server stands in for).
+const VERSION: &str =
+    r#"{"major":"1","minor":"34","gitVersion":"v1.34.0","platform":"linux/amd64"}"#;
+
 fn failed(f: &Failure) -> Response {
     respond(f.code, f.status().to_string())
 }
@@ -46,6 +50,9 @@ fn failed(f: &Failure) -> Response {
 async fn handle(AxumState(shared): AxumState<Arc<Shared>>, request: Request) -> Response {
     let at = Instant::now();
     let (parts, body) = request.into_parts();
+    if parts.uri.path() == "/version" {
+        return respond(200, VERSION);
+    }
     let Some(target) = route(parts.uri.path()) else {
         return failed(&Failure::not_found(parts.uri.path()));
     };
