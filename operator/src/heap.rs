@@ -1,7 +1,8 @@
 //! Giving freed heap back to the kernel. The operator binary allocates with mimalloc (see
 //! `main.rs`), which keeps what a burst freed (the pages of a million listed pods, a full pass
-//! over 100,000 nodes) for reuse a while; after such a burst the freed pages are returned at
-//! once, and the resident set that leaves is logged.
+//! over 100,000 nodes) for reuse a while; after such a burst `mi_collect` returns what the
+//! calling thread's heap and the arenas hold free (pages freed on other threads mimalloc purges
+//! itself after a short delay), and the resident set that leaves is logged.
 //!
 //! mimalloc's own counters are no use for that log on Linux: it commits whole arenas eagerly
 //! (1 GiB for a process that holds a few MiB), and its `current_rss` is that same figure.
