@@ -3,10 +3,13 @@
 //! kube-apiserver does over TLS), HTTP/1.1 otherwise.
 //!
 //! Why a second client: kube's own speaks HTTP/1.1 only, so a batch of RoceNode applies in
-//! flight (a paced rollout sends up to 64 at once) holds as many TCP connections, each answer
-//! waking the operator on its own. Over one HTTP/2 connection the batch shares one socket (what client-go does by default): in the scale
-//! harness's 10,000-node rollout (TLS both ways) the operator's reads fell by a quarter and its
-//! CPU by 13%. The watches stay on kube's client.
+//! flight (a paced rollout sends up to [`ROCE_NODE_WRITES_IN_FLIGHT`] at once) holds as many TCP
+//! connections, each answer waking the operator on its own. Over one HTTP/2 connection the
+//! batch shares one socket (what client-go does by default): in the scale harness's
+//! 10,000-node rollout (TLS both ways) the operator's reads fell by a quarter and its CPU by
+//! 13%. The watches stay on kube's client.
+//!
+//! [`ROCE_NODE_WRITES_IN_FLIGHT`]: crate::controller::ROCE_NODE_WRITES_IN_FLIGHT
 
 use std::time::Duration;
 

@@ -49,7 +49,8 @@ use crate::planner::incremental::Incremental;
 use crate::rate::TokenBucket;
 
 pub use pass::{
-    Context, PassSummary, ReconcileError, WRITE_TIMEOUT, execute_all, execute_plan, reconcile_once,
+    Context, PassSummary, ROCE_NODE_WRITES_IN_FLIGHT, ReconcileError, WRITE_TIMEOUT, execute_all,
+    execute_plan, reconcile_once,
 };
 pub use reconcile_loop::{LoopInputs, SharedFeed, reconcile_loop};
 pub use watches::{Events, pod_watch, watches};
