@@ -45,17 +45,17 @@ impl TokenBucket {
         self.qps.is_nan() || self.qps <= 0.0
     }
 
-    /// How many writes may go out together: half a second's worth of tokens, no more than the
-    /// burst (what the user allowed at once) nor `most`, at least 1 (all of `most` when
-    /// unlimited). Sent together, they wake the process once, not once each; the rate over any
-    /// window longer than that half second is unchanged.
+    /// How many writes may go out together: a second's worth of tokens, no more than the burst
+    /// (what the user allowed at once) nor `most`, at least 1 (all of `most` when unlimited).
+    /// Sent together, they wake the process once, not once each; the rate over any window
+    /// longer than that second is unchanged.
     pub fn batch(&self, most: usize) -> usize {
         if self.is_unlimited() {
             return most.max(1);
         }
         // Truncation is the point: whole writes; NaN was handled above.
-        let half_second = (self.qps / 2.0).min(self.burst).min(most as f64).floor() as usize;
-        half_second.clamp(1, most.max(1))
+        let one_second = self.qps.min(self.burst).min(most as f64).floor() as usize;
+        one_second.clamp(1, most.max(1))
     }
 
     /// Take one token at `now`; returns how long to wait before the write it pays for may go.
@@ -124,16 +124,16 @@ mod tests {
     }
 
     #[test]
-    fn a_batch_is_half_a_second_of_writes_within_its_bounds() {
-        assert_eq!(TokenBucket::new(100.0, 200).batch(64), 50);
-        assert_eq!(TokenBucket::new(1000.0, 200).batch(64), 64);
+    fn a_batch_is_a_second_of_writes_within_its_bounds() {
+        assert_eq!(TokenBucket::new(100.0, 200).batch(128), 100);
+        assert_eq!(TokenBucket::new(1000.0, 200).batch(128), 128);
         assert_eq!(
-            TokenBucket::new(100.0, 10).batch(64),
+            TokenBucket::new(100.0, 10).batch(128),
             10,
             "never past the burst"
         );
-        assert_eq!(TokenBucket::new(3.0, 2).batch(64), 1);
-        assert_eq!(TokenBucket::new(0.5, 1).batch(64), 1);
+        assert_eq!(TokenBucket::new(3.0, 2).batch(128), 2);
+        assert_eq!(TokenBucket::new(0.5, 1).batch(128), 1);
         assert_eq!(TokenBucket::unlimited().batch(16), 16);
         assert_eq!(TokenBucket::unlimited().batch(0), 1);
     }

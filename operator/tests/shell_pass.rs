@@ -80,8 +80,8 @@ async fn shutdown_stops_a_pass_before_its_next_write() {
     ));
 }
 
-/// At `--write-qps 20 --write-burst 10`, RoceNode writes go out ten at a time (half a second of
-/// the rate), each batch once its last write is paid for, the next only once the batch is
+/// At `--write-qps 20 --write-burst 10`, RoceNode writes go out ten at a time (the burst; a
+/// second of the rate would be 20), each batch once its last write is paid for, the next only once the batch is
 /// answered; the pod write after them waits for the last batch's answers.
 #[tokio::test(start_paused = true)]
 async fn roce_node_writes_go_in_paced_batches_and_the_next_write_waits_for_them() {
@@ -150,13 +150,13 @@ async fn a_hung_write_fails_after_the_write_timeout() {
     assert_eq!(summary.failures[0].1.metric_label(), "timeout");
 }
 
-/// `--write-qps 2 --write-burst 2` (a batch of one): two writes go at once, each further one
-/// 500 ms after the one before, as the API server sees them arrive.
+/// `--write-qps 2 --write-burst 1` (a batch of one): the first write goes at once, each further
+/// one 500 ms after the one before, as the API server sees them arrive.
 #[tokio::test(start_paused = true)]
 async fn writes_are_paced_by_the_write_rate_limit() {
     let (client, mut api) = mock_client();
     let ctx = Context::always_leader(client, "op-0", Arc::new(Metrics::new()));
-    *ctx.write_limit.lock().await = TokenBucket::new(2.0, 2);
+    *ctx.write_limit.lock().await = TokenBucket::new(2.0, 1);
     let writes: Vec<Write> = (0..5).map(|i| roce_node_write(&format!("n{i}"))).collect();
     let task = spawn_pass(ctx, writes);
     let start = tokio::time::Instant::now();
@@ -169,8 +169,8 @@ async fn writes_are_paced_by_the_write_rate_limit() {
     }
     let summary = task.await.expect("joined");
     assert_eq!(summary.done, 5);
-    assert_eq!(arrived, [0, 0, 500, 1000, 1500], "arrival times in ms");
-    assert_eq!(summary.throttled, Duration::from_millis(1500));
+    assert_eq!(arrived, [0, 500, 1000, 1500, 2000], "arrival times in ms");
+    assert_eq!(summary.throttled, Duration::from_millis(2000));
 }
 
 /// A paced pass that lasts longer than `/healthz`'s stall window is progress: every finished write
