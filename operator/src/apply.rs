@@ -26,6 +26,7 @@ use crate::planner::writes::{
     Event, EventType, Write, fabric_key_name, fabric_key_object, region_directory_name,
     region_directory_object, roce_node_object,
 };
+use crate::write_client::{DirectClient, WriteClient};
 
 /// Action of every Event the operator records (events.k8s.io/v1 requires one).
 pub const EVENT_ACTION: &str = "Reconcile";
@@ -99,6 +100,8 @@ pub enum Outcome {
 #[derive(Clone)]
 pub struct Executor {
     client: Client,
+    /// The RoceNode applies, where the write client has a direct stack.
+    direct: Option<DirectClient>,
     recorder: Recorder,
 }
 
@@ -136,13 +139,18 @@ fn managed_patch() -> PatchParams {
 
 impl Executor {
     /// An executor whose Events are reported by `rocefabric-operator` / `instance`.
-    pub fn new(client: Client, instance: impl Into<String>) -> Self {
+    pub fn new(writer: impl Into<WriteClient>, instance: impl Into<String>) -> Self {
+        let WriteClient { client, direct } = writer.into();
         let reporter = Reporter {
             controller: OPERATOR_FIELD_MANAGER.to_string(),
             instance: Some(instance.into()),
         };
         let recorder = Recorder::new(client.clone(), reporter);
-        Self { client, recorder }
+        Self {
+            client,
+            direct,
+            recorder,
+        }
     }
 
     /// The client.
@@ -210,7 +218,10 @@ impl Executor {
             let request = kube::core::Request::new(RoceNode::url_path(&(), None))
                 .patch(name, &ssa(), &Patch::Apply(body))
                 .map_err(kube::Error::BuildRequest)?;
-            self.client.request_text(request).await.map(drop)
+            match &self.direct {
+                Some(direct) => direct.send(request).await.map(drop),
+                None => self.client.request_text(request).await.map(drop),
+            }
         };
         sent.await.map_err(|source| ApplyError::Api {
             op: "apply",

@@ -131,7 +131,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         )?;
     tracing::info!(lease = %args.lease_name, %namespace, %identity, "starting rocefabric-operator");
     // Said once: whether the writes go over one HTTP/2 connection or fell back to HTTP/1.1.
-    let probe = writer.clone();
+    let probe = writer.client.clone();
     tokio::spawn(async move {
         match crate::write_client::negotiated_version(&probe).await {
             Ok(version) => tracing::info!(http_version = ?version, "write client connected"),

@@ -47,6 +47,7 @@ use crate::metrics::Metrics;
 use crate::planner::PlanOptions;
 use crate::planner::incremental::Incremental;
 use crate::rate::TokenBucket;
+use crate::write_client::WriteClient;
 
 pub use pass::{
     Context, PassSummary, ROCE_NODE_WRITES_IN_FLIGHT, ReconcileError, WRITE_TIMEOUT, execute_all,
@@ -121,7 +122,7 @@ pub struct Handles {
 #[derive(Clone)]
 pub struct Clients {
     pub watch: Client,
-    pub write: Client,
+    pub write: WriteClient,
 }
 
 impl From<Client> for Clients {
@@ -129,7 +130,7 @@ impl From<Client> for Clients {
     fn from(client: Client) -> Self {
         Self {
             watch: client.clone(),
-            write: client,
+            write: client.into(),
         }
     }
 }

@@ -4,7 +4,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::Client;
 use rocefabric_api::NodeCounts;
 use tokio::sync::{Mutex, watch};
 use tokio::time::Instant;
@@ -16,6 +15,7 @@ use crate::metrics::{FabricFigures, Metrics};
 use crate::overlay::AnnotationOverlay;
 use crate::planner::{self, Plan, PlanOptions, World, Write};
 use crate::rate::TokenBucket;
+use crate::write_client::WriteClient;
 
 /// Longest wait for one write. A leader steps down at most its renew deadline (10 s) after the
 /// last renewal it sent, and another replica takes over no sooner than the lease duration
@@ -127,14 +127,18 @@ impl std::fmt::Debug for Context {
 
 impl Context {
     /// A context that always holds leadership (tests, single-replica use).
-    pub fn always_leader(client: Client, identity: &str, metrics: Arc<Metrics>) -> Self {
+    pub fn always_leader(
+        client: impl Into<WriteClient>,
+        identity: &str,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         let (_tx, leader) = watch::channel(true);
         Self::new(client, identity, metrics, leader, PlanOptions::default())
     }
 
     /// A context gated by `leader`.
     pub fn new(
-        client: Client,
+        client: impl Into<WriteClient>,
         identity: &str,
         metrics: Arc<Metrics>,
         leader: watch::Receiver<bool>,
