@@ -55,7 +55,7 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 300)]
     pub resync_seconds: u64,
     /// Sustained writes a second toward the API server (0: no limit). RoceNode writes go in
-    /// batches of half a second of this rate (no more than `--write-burst`), at most 64 in flight.
+    /// batches of a second of this rate (no more than `--write-burst`), at most 128 in flight.
     #[arg(long, default_value_t = crate::rate::DEFAULT_QPS, value_parser = qps)]
     pub write_qps: f64,
     /// List and watch only pods matching this label selector (e.g. `rocefabric.io/fabric`)
