@@ -85,11 +85,19 @@ async fn an_apply_through_kubes_client_lands() {
 async fn a_rollout_apply_goes_through_the_direct_stack_and_lands() {
     let dir = tempfile::tempdir().unwrap();
     let server = server().await;
-    let writer = build(&config(dir.path(), &server).await).unwrap();
+    let mut config = config(dir.path(), &server).await;
+    let writer = build(&config).unwrap();
     assert!(
         writer.direct.is_some(),
         "no proxy: the applies skip the queue"
     );
+    // kube's client of this writer points at a closed port: the apply lands only through the
+    // direct stack.
+    config.cluster_url = "https://127.0.0.1:1".parse().unwrap();
+    let writer = rocefabric_operator::write_client::WriteClient {
+        client: Client::try_from(config).unwrap(),
+        direct: writer.direct,
+    };
     let executor = Executor::new(writer, "op-0");
     for generation in [3, 4] {
         let write = Write::ApplyRoceNode {
