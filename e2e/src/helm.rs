@@ -1,8 +1,8 @@
 //! The real Helm engine, reached through `.ci/helm-render.py` and the PyPI package
 //! `helm-python-sdk` (Helm v4's Go library behind a C ABI; no `helm` binary, no cluster).
 //!
-//! `.ci/helm-check` installs it into `target/helm-venv`; `ROCEFABRIC_HELM_PYTHON` names another
-//! Python that can `import helm_python`.
+//! `.ci/helm-check` installs it into the tool cache (`~/.cache/rocefabric/helm-venv`);
+//! `ROCEFABRIC_HELM_PYTHON` names another Python that can `import helm_python`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -48,12 +48,12 @@ pub fn required() -> bool {
 }
 
 impl HelmEngine {
-    /// Find the engine: `$ROCEFABRIC_HELM_PYTHON`, else `target/helm-venv/bin/python`.
+    /// Find the engine: `$ROCEFABRIC_HELM_PYTHON`, else `helm-venv/bin/python` in the tool cache.
     pub fn locate() -> Result<HelmEngine, HelmError> {
         let root = workspace_root();
         let python = match std::env::var_os(PYTHON_ENV) {
             Some(p) => PathBuf::from(p),
-            None => root.join("target/helm-venv/bin/python"),
+            None => crate::tool_cache().join("helm-venv/bin/python"),
         };
         if !python.exists() {
             return Err(HelmError::NotInstalled(format!(

@@ -32,6 +32,31 @@ pub fn workspace_root() -> PathBuf {
         .unwrap_or_else(|| here.to_path_buf())
 }
 
+/// Where `.ci/promtool` and `.ci/helm-check` keep the tools they build, once per machine and
+/// outside every checkout: `$ROCEFABRIC_CACHE`, else `~/.cache/rocefabric`.
+pub fn tool_cache() -> PathBuf {
+    if let Some(dir) = std::env::var_os("ROCEFABRIC_CACHE") {
+        return PathBuf::from(dir);
+    }
+    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/root"), PathBuf::from);
+    home.join(".cache/rocefabric")
+}
+
+/// `program` as a child that dies with the thread that starts it: under `setpriv --pdeathsig KILL`
+/// (util-linux) where that exists, so a VM or daemon a test starts ends when the test process
+/// does, even when it is SIGKILLed and no `Drop` runs. The signal follows the *thread*: start
+/// the child on the thread that waits for it (every test does).
+pub fn child_of_this_test(program: impl AsRef<std::ffi::OsStr>) -> std::process::Command {
+    let setpriv = Path::new("/usr/bin/setpriv");
+    if setpriv.exists() {
+        let mut cmd = std::process::Command::new(setpriv);
+        cmd.args(["--pdeathsig", "KILL", "--"]).arg(program);
+        cmd
+    } else {
+        std::process::Command::new(program)
+    }
+}
+
 /// Report that `test` did not run, and why, as a line `SKIPPED: <what> (<reason>): <test>`.
 ///
 /// Written straight to the process's stderr (not through `eprintln!`, which the test harness

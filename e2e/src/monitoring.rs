@@ -2,14 +2,13 @@
 //! names a PromQL query reads, the series names the operator's and the node daemon's registries
 //! give (from the registries themselves, not a list kept by hand), and promtool.
 //!
-//! `.ci/promtool` builds promtool into `target/promtool/bin`; `ROCEFABRIC_PROMTOOL` names another.
+//! `.ci/promtool` builds promtool into the tool cache (`~/.cache/rocefabric/promtool`);
+//! `ROCEFABRIC_PROMTOOL` names another.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 use serde_json::Value;
-
-use crate::workspace_root;
 
 /// Environment variable naming a promtool binary.
 pub const PROMTOOL_ENV: &str = "ROCEFABRIC_PROMTOOL";
@@ -26,8 +25,8 @@ pub fn promtool_required() -> bool {
     std::env::var(REQUIRE_PROMTOOL_ENV).is_ok_and(|v| !v.is_empty() && v != "0")
 }
 
-/// promtool: `$ROCEFABRIC_PROMTOOL`, else `.ci/promtool`'s install under the target directory,
-/// else `promtool` on `PATH`. `Err` says where it looked.
+/// promtool: `$ROCEFABRIC_PROMTOOL`, else `.ci/promtool`'s install in the tool cache
+/// ([`crate::tool_cache`]), else `promtool` on `PATH`. `Err` says where it looked.
 pub fn promtool() -> Result<PathBuf, String> {
     if let Some(p) = std::env::var_os(PROMTOOL_ENV) {
         let p = PathBuf::from(p);
@@ -37,10 +36,7 @@ pub fn promtool() -> Result<PathBuf, String> {
             Err(format!("{PROMTOOL_ENV}={} does not exist", p.display()))
         };
     }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("target"));
-    let built = target.join("promtool/bin/promtool");
+    let built = crate::tool_cache().join("promtool/promtool");
     if built.is_file() {
         return Ok(built);
     }

@@ -107,7 +107,7 @@ impl DaemonProcess {
         let binary = daemon_binary()?;
         let file = fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
         let no_cluster = log.with_file_name("no-kubeconfig");
-        let child = Command::new(&binary)
+        let child = crate::child_of_this_test(&binary)
             .args(args)
             .env("KUBECONFIG", &no_cluster)
             .env_remove("KUBERNETES_SERVICE_HOST")

@@ -197,7 +197,7 @@ impl Guest {
         };
         let console = work.join(format!("{}.console", self.name));
         let out = fs::File::create(&console).map_err(|e| e.to_string())?;
-        let child = Command::new("qemu-system-x86_64")
+        let child = crate::child_of_this_test("qemu-system-x86_64")
             .args(["-accel", "tcg", "-cpu", "max", "-nographic", "-no-reboot"])
             .args([
                 "-smp",

@@ -1,7 +1,7 @@
 //! The cluster suite: the chart, the operator and the node daemon on a real Kubernetes cluster.
 //!
 //! Meant for the local cluster of `e2e/cluster/up` (a control plane and kubelet built from source,
-//! containerd, a node with a DGX H100 fixture): `KUBECONFIG=e2e/cluster/.state/kubeconfig cargo test
+//! containerd, a node with a DGX H100 fixture): `KUBECONFIG=/var/lib/rocefabric-e2e/kubeconfig cargo test
 //! -p rocefabric-e2e --test cluster` (the tests take turns on the one cluster, whatever
 //! `--test-threads` says). Against another cluster the tests that
 //! need the local node's fixture report themselves skipped by name. Without `KUBECONFIG` every test

@@ -3,7 +3,7 @@
 //!
 //! Needs the local cluster of `e2e/cluster/up --workers 2` (qemu VMs with Soft-RoCE on their fabric
 //! NIC, running containerd, the kubelet and kube-proxy): `sudo e2e/cluster/up --workers 2 &&
-//! KUBECONFIG=$PWD/e2e/cluster/.state/kubeconfig cargo test -p rocefabric-e2e --test user_story`.
+//! KUBECONFIG=/var/lib/rocefabric-e2e/kubeconfig cargo test -p rocefabric-e2e --test user_story`.
 //! Every step goes through the user's interfaces: `helm`, `kubectl apply`, `kubectl get`,
 //! `kubectl exec`, `kubectl logs` (and, for step 5, the VM's qemu monitor, which stands for the
 //! cable). Without such a cluster the test prints `SKIPPED: user story (<reason>): <test>`; with
