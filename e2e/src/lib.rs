@@ -17,6 +17,7 @@
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
+pub mod bounded;
 pub mod cluster;
 pub mod helm;
 pub mod manifests;

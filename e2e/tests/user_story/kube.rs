@@ -2,11 +2,11 @@
 //! through `kubectl exec` and read back through `kubectl logs`, and polling.
 
 use std::collections::BTreeMap;
-use std::io::Write as _;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use rocefabric_e2e::bounded::output_within;
 use rocefabric_e2e::cluster::LocalCluster;
 use serde_json::Value;
 
@@ -116,11 +116,15 @@ impl Story {
     /// `/tmp/cmd`); returns the number its answer will carry.
     pub fn send(&mut self, pod: &str, line: &str) -> u64 {
         assert!(
-            !line.contains('\''),
-            "session lines are single-quoted: {line}"
+            !line.contains(['\'', '"']),
+            "session lines are quoted twice, so they hold no quotes: {line}"
         );
-        self.exec(pod, &format!("echo '{line}' >/tmp/cmd"))
-            .unwrap_or_else(|e| panic!("sending {line:?} to {pod}: {e}"));
+        // Bounded in the pod too: opening the FIFO blocks when the session reading it is gone.
+        self.exec(
+            pod,
+            &format!("timeout 30 sh -c \"echo '{line}' >/tmp/cmd\""),
+        )
+        .unwrap_or_else(|e| panic!("sending {line:?} to {pod}: {e}"));
         let n = self.sent.entry(pod.to_string()).or_insert(0);
         *n += 1;
         *n
@@ -148,19 +152,12 @@ impl Story {
     }
 }
 
+/// The longest any one kubectl or helm call may take (`helm install --wait` included): a call
+/// that hangs fails the story naming itself.
+const CALL_LIMIT: Duration = Duration::from_secs(600);
+
 fn run(cmd: &mut Command, stdin: Option<&str>) -> Result<String, String> {
-    cmd.stdin(if stdin.is_some() {
-        Stdio::piped()
-    } else {
-        Stdio::null()
-    })
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
-    let mut child = cmd.spawn().map_err(|e| e.to_string())?;
-    if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
-        pipe.write_all(text.as_bytes()).map_err(|e| e.to_string())?;
-    }
-    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    let out = output_within(cmd, stdin.map(str::as_bytes), CALL_LIMIT)?;
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     } else {
