@@ -7,6 +7,22 @@ use std::process::{Command, Output, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
+/// The longest any one call of `kubectl`, `helm` (its `--wait` included), `grpcurl` or `up
+/// --restart` may take in the suites.
+pub const CALL_LIMIT: Duration = Duration::from_secs(600);
+
+/// [`output_within`] as a method: `cmd.args(..).output_within(CALL_LIMIT)` where the suites had
+/// `.output()`.
+pub trait OutputWithin {
+    fn output_within(&mut self, limit: Duration) -> Result<Output, String>;
+}
+
+impl OutputWithin for Command {
+    fn output_within(&mut self, limit: Duration) -> Result<Output, String> {
+        output_within(self, None, limit)
+    }
+}
+
 /// `cmd`'s output, with `stdin` written to it; killed, and an error naming the command, when it
 /// has not exited within `limit`.
 pub fn output_within(

@@ -16,6 +16,7 @@ use rocefabric_node_model::config::Config;
 use rocefabric_node_model::inventory;
 use rocefabric_node_testing::fixtures::FixtureNode;
 
+use crate::bounded::{CALL_LIMIT, OutputWithin as _};
 use crate::workspace_root;
 
 /// When set (to anything but `0`), a missing cluster fails the suite instead of skipping it.
@@ -164,10 +165,7 @@ impl LocalCluster {
 
     fn up(&self, args: &[&str]) -> Result<(), String> {
         let up = workspace_root().join("e2e/cluster/up");
-        let out = Command::new(&up)
-            .args(args)
-            .output()
-            .map_err(|e| format!("{}: {e}", up.display()))?;
+        let out = Command::new(&up).args(args).output_within(CALL_LIMIT)?;
         check(&out, &format!("up {}", args.join(" ")))
     }
 
@@ -306,7 +304,7 @@ fn make_veths() -> Result<(), String> {
     let exists = |args: &[&str]| {
         Command::new("ip")
             .args(args)
-            .output()
+            .output_within(CALL_LIMIT)
             .is_ok_and(|o| o.status.success())
     };
     if !exists(&["netns", "pids", WIRE_NETNS]) {
@@ -337,7 +335,7 @@ pub fn host_mtu(netdev: &str) -> Result<u32, String> {
 
 fn run(cmd: &mut Command) -> Result<(), String> {
     let what = format!("{cmd:?}");
-    let out = cmd.output().map_err(|e| format!("{what}: {e}"))?;
+    let out = cmd.output_within(CALL_LIMIT)?;
     check(&out, &what)
 }
 

@@ -11,6 +11,7 @@ use kube::api::{Api, DeleteParams, ListParams};
 use kube::{Client, ResourceExt};
 use rocefabric_api::NicSelector;
 use rocefabric_api::constants::{DEFAULT_GPU_RESOURCE, GPU_HCA_RESOURCE, HCA_RESOURCE};
+use rocefabric_e2e::bounded::{CALL_LIMIT, OutputWithin as _};
 use rocefabric_e2e::cluster::{FABRIC_NETDEVS, LocalCluster, fixture_node};
 use rocefabric_node_model::allocation::{self, ResourceKind};
 use rocefabric_node_model::config::Config;
@@ -310,7 +311,7 @@ fn device_plugin_on_the_real_kubelet() {
             .args(["-proto", "api.proto"])
             .arg(&socket)
             .arg("v1beta1.DevicePlugin/GetDevicePluginOptions")
-            .output()
+            .output_within(CALL_LIMIT)
             .expect("grpcurl");
         let answer = String::from_utf8_lossy(&out.stdout);
         assert!(

@@ -35,6 +35,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use rocefabric_api::constants::FABRIC_LABEL;
 use rocefabric_api::{RoceFabric, RoceNode};
+use rocefabric_e2e::bounded::{CALL_LIMIT, OutputWithin as _};
 use rocefabric_e2e::cluster::{self, FABRIC_NETDEVS, LocalCluster};
 use rocefabric_e2e::helm::HelmEngine;
 use rocefabric_e2e::{skip, workspace_root};
@@ -227,7 +228,7 @@ pub fn install_chart(local: Option<&LocalCluster>, extra: &Value) -> Result<(), 
         Some(local) => Some(local.helm()),
         None => Command::new("helm")
             .arg("version")
-            .output()
+            .output_within(CALL_LIMIT)
             .is_ok_and(|o| o.status.success())
             .then(|| Command::new("helm")),
     };
@@ -245,7 +246,7 @@ pub fn install_chart(local: Option<&LocalCluster>, extra: &Value) -> Result<(), 
             ])
             .arg("--values")
             .arg(&values_file)
-            .output()
+            .output_within(CALL_LIMIT)
             .map_err(|e| format!("helm: {e}"))?;
         return cluster::check(&out, "helm upgrade --install");
     }
@@ -271,14 +272,14 @@ pub fn uninstall_chart(local: Option<&LocalCluster>) -> Result<(), String> {
                     "--timeout",
                     "3m",
                 ])
-                .output()
+                .output_within(CALL_LIMIT)
                 .map_err(|e| format!("helm: {e}"))?;
             cluster::check(&out, "helm uninstall")
         }
         None => {
             let out = Command::new("helm")
                 .args(["uninstall", RELEASE, "--namespace", NAMESPACE, "--wait"])
-                .output()
+                .output_within(CALL_LIMIT)
                 .map_err(|e| format!("helm: {e}"))?;
             cluster::check(&out, "helm uninstall")
         }
@@ -539,7 +540,7 @@ pub fn kubectl(local: Option<&LocalCluster>, args: &[&str]) -> Result<String, St
     };
     let out = cmd
         .args(args)
-        .output()
+        .output_within(CALL_LIMIT)
         .map_err(|e| format!("kubectl: {e}"))?;
     cluster::check(&out, &format!("kubectl {}", args.join(" ")))?;
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())

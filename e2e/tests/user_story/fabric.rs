@@ -3,6 +3,7 @@
 
 use std::time::Instant;
 
+use rocefabric_e2e::bounded::{CALL_LIMIT, OutputWithin as _};
 use rocefabric_e2e::workspace_root;
 use serde_json::Value;
 
@@ -33,7 +34,7 @@ fn clean(story: &Story) {
         .local
         .helm()
         .args(["status", RELEASE, "-n", NAMESPACE])
-        .output()
+        .output_within(CALL_LIMIT)
         .is_ok_and(|o| o.status.success())
     {
         story.helm(&[

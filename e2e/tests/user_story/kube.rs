@@ -6,7 +6,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use rocefabric_e2e::bounded::output_within;
+use rocefabric_e2e::bounded::{CALL_LIMIT, output_within};
 use rocefabric_e2e::cluster::LocalCluster;
 use serde_json::Value;
 
@@ -151,10 +151,6 @@ impl Story {
         self.sent.remove(pod);
     }
 }
-
-/// The longest any one kubectl or helm call may take (`helm install --wait` included): a call
-/// that hangs fails the story naming itself.
-const CALL_LIMIT: Duration = Duration::from_secs(600);
 
 fn run(cmd: &mut Command, stdin: Option<&str>) -> Result<String, String> {
     let out = output_within(cmd, stdin.map(str::as_bytes), CALL_LIMIT)?;
