@@ -186,6 +186,9 @@ take_lock() {
   # `up` runs `down` with the lock held: the child inherits it.
   [ "${ROCEFABRIC_E2E_LOCK_HELD:-}" = "$PPID" ] && return 0
   mkdir -p "$(dirname "$LOCK")"
+  # Root's alone: anyone who can open the lock can hold it, and stop every `up` and `down`.
+  [ -e "$LOCK" ] || install -m 600 /dev/null "$LOCK"
+  chmod 600 "$LOCK"
   exec 9<>"$LOCK"
   if ! flock -n 9; then
     say "waiting up to ${LOCK_WAIT}s for the e2e cluster's lock ($LOCK), held by: $(cat "$LOCK.holder" 2>/dev/null || echo unknown)"
