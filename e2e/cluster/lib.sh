@@ -70,6 +70,10 @@ KUBECONFIG_ADMIN=$STATE/kubeconfig
 DEVICE_PLUGIN_DIR=/var/lib/kubelet/device-plugins
 # Where containerd reads CDI specs a DRA driver writes (the other, /etc/cdi, is configuration).
 CDI_DIR=/var/run/cdi
+# Directories outside $STATE that the node's components make: the CDI specs, the kubelet's device
+# plugin directory and container log links, the CNI plugins' cache, pod network namespaces. `up`
+# records those missing before it (`down` removes them then); host-snapshot lists their files.
+HOST_DIRS=("$CDI_DIR" /var/lib/kubelet /var/lib/cni /var/log/containers /var/log/pods /run/netns)
 
 # Kernel tunables the kubelet sets (protectKernelDefaults off); `down` puts them back from
 # $SYSCTLS_FILE, written once per boot (its first line is the boot id).

@@ -231,8 +231,7 @@ start_workers() { # COUNT
   local count=$1 i accel started=$SECONDS
   [ "$count" -gt 0 ] || return 0
   [ "$count" -le 9 ] || die "--workers takes 0..9"
-  timeout -k 10 1800 "$ROOT/e2e/vm/build" --worker >/dev/null 2>&1 \
-    || die "e2e/vm/build --worker failed or ran past 30 min (run it alone to see why)"
+  # worker.cpio: built by `up` before it starts anything.
   accel=$(worker_accel)
   for i in $(seq "$count"); do start_worker "$i" "$count" "$accel"; done
   # The workers boot side by side; one deadline for them all (a wedged one restarts it, once each).
