@@ -153,6 +153,22 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a round waits for its completions (retry exhaustion reports well within it).
 const COMPLETION_TIMEOUT: Duration = Duration::from_secs(15);
 
+/// What a registration the kernel refused had to work with, for its error message.
+fn pin_context(plan: &memory::Plan, limits: &memory::Limits, ipc_lock: bool) -> String {
+    let memlock = limits
+        .memlock
+        .map_or("unlimited".to_string(), |l| format!("{l} bytes"));
+    format!(
+        "{} bytes pinned in all, RLIMIT_MEMLOCK {memlock}, CAP_IPC_LOCK {}",
+        plan.pinned,
+        if ipc_lock {
+            "effective"
+        } else {
+            "not effective"
+        }
+    )
+}
+
 /// Counters a caller (or `probe`) may read.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Stats {
@@ -212,20 +228,42 @@ impl Dsm {
         // Stamped before it is read, not once the window is registered (seconds on Soft-RoCE): a
         // directory the kubelet swapped in meanwhile is read at the first access.
         let (stamp, directory) = directory::read_stamped(&cfg.directory)?;
+        // What pinning needs is checked before the HCA is touched: the image's file capability
+        // first made effective, then the window and the staging buffer against the limits.
+        let ipc_lock = memory::raise_ipc_lock();
+        let limits = memory::read_limits(cfg.hugepages.as_deref());
+        let plan = memory::plan(cfg.expose.then_some(size), STAGING as u64, &limits)?;
+        let pinning = |e: DsmError| match e {
+            DsmError::Memory { size, reason } => DsmError::Memory {
+                size,
+                reason: format!("{reason} ({})", pin_context(&plan, &limits, ipc_lock)),
+            },
+            other => other,
+        };
         let hca = Arc::new(Hca::open(
             &cfg.hca,
             cfg.port,
             cfg.gid_index,
             cfg.traffic_class,
         )?);
-        let staging = hca.register(&Arc::new(Mapping::anonymous(STAGING)?), false)?;
+        let staging = hca
+            .register(&Arc::new(Mapping::anonymous(STAGING)?), false)
+            .map_err(|e| match pinning(e) {
+                DsmError::Memory { reason, .. } if !cfg.expose => DsmError::Staging {
+                    size: STAGING as u64,
+                    reason,
+                },
+                e => e,
+            })?;
         let (local, endpoint) = if cfg.expose {
-            let limits = memory::read_limits(cfg.hugepages.as_deref());
-            let local = Arc::new(match memory::plan(size, &limits)? {
-                Backing::Hugepages { dir, page } => Mapping::hugepages(&dir, len, page)?,
+            let local = Arc::new(match &plan.backing {
+                Backing::Hugepages { dir, page } => Mapping::hugepages(dir, len, *page)?,
                 Backing::Anonymous => Mapping::anonymous(len)?,
             });
-            let window = hca.register(&local, true)?;
+            if let Some(note) = &plan.note {
+                tracing::warn!(pod = %cfg.pod, size, "{note}: the window is anonymous memory");
+            }
+            let window = hca.register(&local, true).map_err(pinning)?;
             let endpoint = Endpoint::start(
                 cfg.listen,
                 Owner {
@@ -240,7 +278,7 @@ impl Dsm {
                 },
                 cfg.limits,
             )?;
-            tracing::info!(pod = %cfg.pod, base = cfg.window.base, size, huge = local.is_huge(), hca = ?hca, listen = %endpoint.addr(), "window exposed");
+            tracing::info!(pod = %cfg.pod, base = cfg.window.base, size, huge = local.is_huge(), pinned = plan.pinned, ipc_lock, hca = ?hca, listen = %endpoint.addr(), "window exposed");
             (Some(local), Some(endpoint))
         } else {
             (None, None)

@@ -62,6 +62,9 @@ pub enum DsmError {
     /// The local window cannot be backed or registered.
     #[error("local window of {size} bytes: {reason}")]
     Memory { size: u64, reason: String },
+    /// The staging buffer of a process that exposes no window cannot be backed or registered.
+    #[error("staging buffer of {size} bytes: {reason}")]
+    Staging { size: u64, reason: String },
     /// A verbs call on the local HCA failed.
     #[error("HCA {device}: {what}: {reason}")]
     Verbs {

@@ -1,9 +1,18 @@
-//! Where the local window lives (pure decision plus a small reader of the container's limits).
+//! Where the local window lives and whether it can be pinned (a pure decision over the container's
+//! limits, plus small readers of those limits).
 //!
-//! Hugepages when the pod has them (a hugetlbfs mount, `/dev/hugepages` by default, with room under
-//! its hugetlb limit), else anonymous memory. Registering the window pins it, so it must fit the
-//! container's memory limit and, without `CAP_IPC_LOCK`, `RLIMIT_MEMLOCK`: a window that cannot is
-//! refused at start with the limit named, instead of an out-of-memory kill or an `ENOMEM` later.
+//! Hugepages when the pod has them (a hugetlbfs mount, `/dev/hugepages` by default, with room in
+//! its hugetlb limit and in the node's free pool), else anonymous memory. Registering pins the
+//! window and the staging buffer, so both must fit the container's memory limit and, unless
+//! `CAP_IPC_LOCK` is effective, `RLIMIT_MEMLOCK` (hugepages count against it too). A window that
+//! cannot is refused before the HCA is opened, in one message naming the window, the limit and
+//! the fix, instead of an out-of-memory kill or an `ENOMEM` from the registration.
+//!
+//! `CAP_IPC_LOCK` for a non-root user: a capability the container adds lands only in the bounding
+//! set of a non-root process (Kubernetes sets no ambient capabilities), so the workload image
+//! gives the binary a file capability, `cap_ipc_lock=p` (permitted, not effective: a container
+//! that does not add IPC_LOCK still runs the binary, and gets this module's message instead of
+//! `EPERM` from exec). [`raise_ipc_lock`] moves it into the effective set.
 
 use std::path::{Path, PathBuf};
 
@@ -11,21 +20,42 @@ use crate::error::{DsmError, Result};
 
 /// Room left for the process itself next to an anonymous window.
 pub const HEADROOM: u64 = 32 << 20;
+/// The base page: an anonymous window is pinned in whole pages.
+const PAGE: u64 = 4096;
+/// `CAP_IPC_LOCK`'s bit in the capability sets of /proc/self/status.
+const CAP_IPC_LOCK_BIT: u64 = 1 << 14;
 
-/// What the container may use, as read from cgroup v2, /proc and getrlimit.
+/// Whether this process may pin past `RLIMIT_MEMLOCK`, and if not, why not.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum IpcLock {
+    /// `CAP_IPC_LOCK` is effective: pinning is held only to the memory limit.
+    Effective,
+    /// The container grants it (it is in the bounding set) but this process does not hold it:
+    /// a non-root user whose binary has no file capability, or `no_new_privs`, which makes exec
+    /// ignore file capabilities.
+    NotHeld { uid: u32, no_new_privs: bool },
+    /// The container does not grant it.
+    #[default]
+    NotGranted,
+}
+
+/// What the container may use, as read from cgroup v2, /proc, sysfs and getrlimit.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Limits {
     /// `memory.max` (None: unlimited) and `memory.current`.
     pub memory_max: Option<u64>,
     pub memory_current: u64,
-    /// A hugetlbfs mount to create the window file in, its page size, and the hugetlb cgroup limit
-    /// for that size (None: unlimited, Some(0): the pod has no hugepages).
+    /// A hugetlbfs mount to create the window file in, and its page size.
     pub hugepages: Option<PathBuf>,
     pub hugepage_size: u64,
-    pub hugetlb_max: Option<u64>,
-    /// `RLIMIT_MEMLOCK` (None: unlimited) and whether `CAP_IPC_LOCK` lifts it.
+    /// Bytes of hugepages this container may still take: the smaller of its hugetlb cgroup's room
+    /// and the node's free, unreserved pool (None: neither is known).
+    pub hugepages_room: Option<u64>,
+    /// `RLIMIT_MEMLOCK` (None: unlimited).
     pub memlock: Option<u64>,
-    pub ipc_lock: bool,
+    /// Bytes this process has pinned already (`VmPin`).
+    pub pinned: u64,
+    pub ipc_lock: IpcLock,
 }
 
 /// The backing the window gets.
@@ -39,42 +69,148 @@ pub enum Backing {
     Anonymous,
 }
 
-/// Choose the backing of a `size`-byte window, or say which limit it breaks.
-pub fn plan(size: u64, limits: &Limits) -> Result<Backing> {
-    let too_big = |reason: String| DsmError::Memory { size, reason };
-    if let Some(l) = limits.memlock.filter(|&l| l < size && !limits.ipc_lock) {
-        return Err(too_big(format!(
-            "registering pins it, and RLIMIT_MEMLOCK is {l} bytes without CAP_IPC_LOCK: \
-             add IPC_LOCK to the container's capabilities or raise the limit"
+/// What [`plan`] decided.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Plan {
+    /// The window's backing (`Anonymous` when there is no window).
+    pub backing: Backing,
+    /// Bytes pinned once the window and the staging buffer are registered.
+    pub pinned: u64,
+    /// Why a pod with hugepages gets anonymous memory, when it does.
+    pub note: Option<String>,
+}
+
+/// Choose the backing of a `window`-byte window (None: this process exposes none) next to a
+/// `staging`-byte buffer, or say which limit it breaks and how to lift it.
+pub fn plan(window: Option<u64>, staging: u64, limits: &Limits) -> Result<Plan> {
+    let size = window.unwrap_or(0);
+    let refuse = |reason: String| match window {
+        Some(size) => DsmError::Memory { size, reason },
+        None => DsmError::Staging {
+            size: staging,
+            reason,
+        },
+    };
+    let (backing, window_pin, note) = backing(size, limits);
+    let pinned = window_pin
+        .saturating_add(staging)
+        .saturating_add(limits.pinned);
+    if let Some(limit) = limits.memlock.filter(|&l| l < pinned)
+        && limits.ipc_lock != IpcLock::Effective
+    {
+        return Err(refuse(memlock_refusal(
+            window, staging, pinned, limit, limits,
         )));
     }
-    if let Some(dir) = &limits.hugepages {
-        let page = limits.hugepage_size.max(1);
-        let rounded = size.div_ceil(page).saturating_mul(page);
-        if limits.hugetlb_max.is_none_or(|max| max >= rounded) {
-            return Ok(Backing::Hugepages {
-                dir: dir.clone(),
-                page,
-            });
-        }
-    }
-    if let Some(max) = limits.memory_max {
+    if backing == Backing::Anonymous
+        && let Some(max) = limits.memory_max
+    {
         let need = size
+            .saturating_add(staging)
             .saturating_add(limits.memory_current)
             .saturating_add(HEADROOM);
         if need > max {
-            let huge = match (&limits.hugepages, limits.hugetlb_max) {
-                (Some(_), Some(h)) => format!("; hugepages hold only {h} bytes"),
-                _ => String::new(),
-            };
-            return Err(too_big(format!(
-                "does not fit the container's memory limit of {max} bytes \
-                 ({} in use, {HEADROOM} kept for the process){huge}",
+            let huge = note.as_ref().map(|n| format!("; {n}")).unwrap_or_default();
+            return Err(refuse(format!(
+                "does not fit the container's memory limit of {max} bytes ({staging} for staging, \
+                 {} in use, {HEADROOM} kept for the process){huge}: raise \
+                 resources.limits.memory to at least {need}",
                 limits.memory_current
             )));
         }
     }
-    Ok(Backing::Anonymous)
+    Ok(Plan {
+        backing,
+        pinned,
+        note,
+    })
+}
+
+/// Hugepages if they hold the window, else anonymous memory; the bytes the window pins; and why
+/// hugepages the pod has were not used.
+fn backing(size: u64, limits: &Limits) -> (Backing, u64, Option<String>) {
+    let anonymous = size.div_ceil(PAGE).saturating_mul(PAGE);
+    let Some(dir) = &limits.hugepages else {
+        return (Backing::Anonymous, anonymous, None);
+    };
+    if size == 0 {
+        return (Backing::Anonymous, 0, None);
+    }
+    let page = limits.hugepage_size.max(1);
+    let rounded = size.div_ceil(page).saturating_mul(page);
+    match limits.hugepages_room {
+        Some(room) if room < rounded => {
+            let note = format!(
+                "hugepages on {} hold only {room} bytes of the {rounded} the window needs",
+                dir.display()
+            );
+            (Backing::Anonymous, anonymous, Some(note))
+        }
+        _ => {
+            let backing = Backing::Hugepages {
+                dir: dir.clone(),
+                page,
+            };
+            (backing, rounded, None)
+        }
+    }
+}
+
+/// The one message for a registration `RLIMIT_MEMLOCK` would refuse: what it pins, the limit, and
+/// the fix for this container.
+fn memlock_refusal(
+    window: Option<u64>,
+    staging: u64,
+    pinned: u64,
+    limit: u64,
+    limits: &Limits,
+) -> String {
+    let what = match window {
+        Some(_) => format!("the window and {staging} bytes of staging"),
+        None => "the staging buffer".to_string(),
+    };
+    let already = match limits.pinned {
+        0 => String::new(),
+        n => format!(", {n} pinned already"),
+    };
+    let fix = match limits.ipc_lock {
+        IpcLock::NotGranted | IpcLock::Effective => {
+            "add IPC_LOCK to the container's securityContext.capabilities.add".to_string()
+        }
+        IpcLock::NotHeld {
+            no_new_privs: true, ..
+        } => "the container adds IPC_LOCK but runs with no_new_privs \
+              (securityContext.allowPrivilegeEscalation: false), under which exec ignores the \
+              binary's file capability: drop allowPrivilegeEscalation: false from this container"
+            .to_string(),
+        IpcLock::NotHeld { uid, .. } => {
+            let exe = std::env::current_exe()
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|_| "the binary".into());
+            format!(
+                "the container adds IPC_LOCK, but uid {uid} is not root, so it holds the \
+                 capability only through a file capability on the binary, which {exe} lacks: \
+                 run `setcap cap_ipc_lock=p {exe}` in the image (docker/workload.Dockerfile does)"
+            )
+        }
+    };
+    format!(
+        "cannot be pinned: registering pins {pinned} bytes ({what}{already}) and RLIMIT_MEMLOCK \
+         is {limit} bytes without CAP_IPC_LOCK: {fix}, or raise the node's memlock limit for \
+         containers (containerd's LimitMEMLOCK=infinity)"
+    )
+}
+
+/// Make `CAP_IPC_LOCK` effective for the calling thread (and the threads it starts later) when
+/// it is permitted, as the binary's file capability `cap_ipc_lock=p` makes it. True when it is
+/// effective afterwards.
+pub fn raise_ipc_lock() -> bool {
+    use caps::{CapSet, Capability};
+    let has = |set| caps::has_cap(None, set, Capability::CAP_IPC_LOCK).unwrap_or(false);
+    if has(CapSet::Effective) {
+        return true;
+    }
+    has(CapSet::Permitted) && caps::raise(None, CapSet::Effective, Capability::CAP_IPC_LOCK).is_ok()
 }
 
 /// Read the limits of this process's container. `hugepages` overrides the hugetlbfs mount
@@ -95,16 +231,32 @@ pub fn read_limits(hugepages: Option<&Path>) -> Limits {
         Some(p) => Some(p.to_path_buf()),
         None => hugetlbfs_mount(&mounts),
     };
-    let hugetlb_name = format!("hugetlb.{}.max", hugetlb_suffix(hugepage_size));
+    let suffix = hugetlb_suffix(hugepage_size);
+    let cgroup_room = num(&format!("hugetlb.{suffix}.max")).flatten().map(|max| {
+        let current = num(&format!("hugetlb.{suffix}.current")).flatten();
+        max.saturating_sub(current.unwrap_or(0))
+    });
+    let pool =
+        Path::new("/sys/kernel/mm/hugepages").join(format!("hugepages-{}kB", hugepage_size >> 10));
+    let pages = |name: &str| -> Option<u64> {
+        std::fs::read_to_string(pool.join(name))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    };
+    let pool_room = pages("free_hugepages")
+        .map(|free| free.saturating_sub(pages("resv_hugepages").unwrap_or(0)) * hugepage_size);
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     Limits {
         memory_max: num("memory.max").flatten(),
         memory_current: num("memory.current").flatten().unwrap_or(0),
         hugepages,
         hugepage_size,
-        hugetlb_max: num(&hugetlb_name).flatten(),
+        hugepages_room: [cgroup_room, pool_room].into_iter().flatten().min(),
         memlock: crate::verbs::memlock_limit(),
-        ipc_lock: has_ipc_lock(&status),
+        pinned: status_kib(&status, "VmPin:").unwrap_or(0) << 10,
+        ipc_lock: ipc_lock(&status),
     }
 }
 
@@ -141,102 +293,44 @@ fn hugetlbfs_mount(mounts: &str) -> Option<PathBuf> {
     Some(PathBuf::from(pick))
 }
 
-/// `CAP_IPC_LOCK` (bit 14) in the effective set.
-fn has_ipc_lock(status: &str) -> bool {
+/// The first field of a /proc/self/status line, e.g. `VmPin:  1024 kB`.
+fn status_field<'a>(status: &'a str, key: &str) -> Option<&'a str> {
     status
         .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
-        .is_some_and(|caps| caps & (1 << 14) != 0)
+        .find_map(|l| l.strip_prefix(key))?
+        .split_whitespace()
+        .next()
+}
+
+fn status_kib(status: &str, key: &str) -> Option<u64> {
+    status_field(status, key)?.parse().ok()
+}
+
+/// Whether `CAP_IPC_LOCK` is in the capability set `key` (`CapEff:`, `CapBnd:`, ...).
+fn cap_set_has_ipc_lock(status: &str, key: &str) -> bool {
+    status_field(status, key)
+        .and_then(|hex| u64::from_str_radix(hex, 16).ok())
+        .is_some_and(|caps| caps & CAP_IPC_LOCK_BIT != 0)
+}
+
+/// `CAP_IPC_LOCK` as /proc/self/status shows it.
+fn ipc_lock(status: &str) -> IpcLock {
+    if cap_set_has_ipc_lock(status, "CapEff:") {
+        IpcLock::Effective
+    } else if cap_set_has_ipc_lock(status, "CapBnd:") {
+        // Uid: real, effective, saved, filesystem; exec grants capabilities by the effective one.
+        let euid = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .and_then(|ids| ids.split_whitespace().nth(1)?.parse().ok());
+        IpcLock::NotHeld {
+            uid: euid.unwrap_or(u32::MAX),
+            no_new_privs: status_field(status, "NoNewPrivs:") == Some("1"),
+        }
+    } else {
+        IpcLock::NotGranted
+    }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const MIB: u64 = 1 << 20;
-
-    #[test]
-    fn hugepages_when_the_pod_has_room_in_them_else_anonymous() {
-        let huge = Limits {
-            hugepages: Some("/dev/hugepages".into()),
-            hugepage_size: 2 * MIB,
-            hugetlb_max: Some(64 * MIB),
-            memory_max: Some(256 * MIB),
-            ..Limits::default()
-        };
-        assert_eq!(
-            plan(63 * MIB, &huge).unwrap(),
-            Backing::Hugepages {
-                dir: "/dev/hugepages".into(),
-                page: 2 * MIB
-            }
-        );
-        // 65 MiB rounds to 66 MiB of hugepages: more than the pod has; memory takes it.
-        assert_eq!(plan(65 * MIB, &huge).unwrap(), Backing::Anonymous);
-        let none = Limits {
-            hugetlb_max: Some(0),
-            ..huge.clone()
-        };
-        assert_eq!(plan(MIB, &none).unwrap(), Backing::Anonymous);
-    }
-
-    #[test]
-    fn a_window_over_the_memory_limit_is_refused_naming_it() {
-        let l = Limits {
-            memory_max: Some(128 * MIB),
-            memory_current: 10 * MIB,
-            ..Limits::default()
-        };
-        assert_eq!(plan(64 * MIB, &l).unwrap(), Backing::Anonymous);
-        let e = plan(100 * MIB, &l).unwrap_err().to_string();
-        assert!(
-            e.starts_with("local window of 104857600 bytes: does not fit"),
-            "{e}"
-        );
-        assert!(e.contains("memory limit of 134217728 bytes"), "{e}");
-        assert_eq!(
-            plan(1 << 40, &Limits::default()).unwrap(),
-            Backing::Anonymous
-        );
-    }
-
-    #[test]
-    fn a_window_over_memlock_needs_ipc_lock() {
-        let l = Limits {
-            memlock: Some(64 * 1024),
-            ..Limits::default()
-        };
-        let e = plan(MIB, &l).unwrap_err().to_string();
-        assert!(
-            e.contains("RLIMIT_MEMLOCK is 65536 bytes") && e.contains("IPC_LOCK"),
-            "{e}"
-        );
-        assert!(
-            plan(
-                MIB,
-                &Limits {
-                    ipc_lock: true,
-                    ..l
-                }
-            )
-            .is_ok()
-        );
-    }
-
-    #[test]
-    fn proc_and_cgroup_texts_are_read() {
-        assert_eq!(
-            parse_hugepage_size("MemTotal: 1 kB\nHugepagesize:    2048 kB\n"),
-            Some(2 * MIB)
-        );
-        assert_eq!(hugetlb_suffix(2 * MIB), "2MB");
-        assert_eq!(hugetlb_suffix(1 << 30), "1GB");
-        let mounts =
-            "none /dev/hugepages2M hugetlbfs rw 0 0\nhugetlbfs /dev/hugepages hugetlbfs rw 0 0\n";
-        assert_eq!(hugetlbfs_mount(mounts), Some("/dev/hugepages".into()));
-        assert_eq!(hugetlbfs_mount("proc /proc proc rw 0 0\n"), None);
-        assert!(has_ipc_lock("CapEff:\t00000000a80c75fb\n"));
-        assert!(!has_ipc_lock("CapEff:\t00000000a80425fb\n"));
-    }
-}
+mod tests;

@@ -57,14 +57,22 @@ impl Mapping {
     }
 
     /// A file of `len` (rounded up to `page`) on the hugetlbfs mount `dir`, unlinked once mapped.
+    /// Its name is random and it is created exclusively, never through a symlink, owner-only: a
+    /// file or link someone else put on the mount is never opened as the window.
     pub fn hugepages(dir: &Path, len: usize, page: u64) -> Result<Mapping> {
+        use std::os::unix::fs::OpenOptionsExt;
         let size = (len as u64).div_ceil(page) * page;
-        let path = dir.join(format!("rocefabric-dsm-{}", std::process::id()));
+        let tag: String = crate::auth::Nonce::fresh().0[..8]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let path = dir.join(format!("rocefabric-dsm-{}-{tag}", std::process::id()));
         let file = File::options()
             .read(true)
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(&path)
             .map_err(|e| DsmError::Memory {
                 size: len as u64,

@@ -58,6 +58,13 @@ enum Op {
         ns: u8,
         id: u8,
     },
+    /// Its data plane gives up on the window (the container's termination message), or runs
+    /// again.
+    WindowFails {
+        ns: u8,
+        id: u8,
+        failed: bool,
+    },
     RemovePod {
         ns: u8,
         id: u8,
@@ -90,6 +97,8 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0u8..3, 0u8..16).prop_map(|(ns, id)| Op::Schedule { ns, id }),
         1 => (0u8..3, 0u8..16).prop_map(|(ns, id)| Op::Finish { ns, id }),
         1 => (0u8..3, 0u8..16).prop_map(|(ns, id)| Op::Terminate { ns, id }),
+        1 => (0u8..3, 0u8..16, any::<bool>())
+            .prop_map(|(ns, id, failed)| Op::WindowFails { ns, id, failed }),
         2 => (0u8..3, 0u8..16).prop_map(|(ns, id)| Op::RemovePod { ns, id }),
         1 => (0u8..16, 0u8..16).prop_map(|(from, to)| Op::Copy { from, to }),
         1 => (0u8..7).prop_map(Op::Fabric),
@@ -213,6 +222,12 @@ impl Sim {
             Op::Terminate { ns, id } => {
                 if let Some(p) = self.pod_mut(*ns, *id) {
                     p.deleting = true;
+                    bump(p);
+                }
+            }
+            Op::WindowFails { ns, id, failed } => {
+                if let Some(p) = self.pod_mut(*ns, *id) {
+                    p.window_failed = *failed;
                     bump(p);
                 }
             }

@@ -11,7 +11,8 @@ use rocefabric_api::constants::{condition, reason};
 use rocefabric_formats::directory::DirectoryEntry;
 use rocefabric_formats::region::RegionAssignment;
 use rocefabric_operator::planner::{
-    EventType, PlanOptions, REGION_QUOTA_EXCEEDED, REGION_REQUEST_INVALID, World, Write, plan,
+    EventType, PlanOptions, REGION_QUOTA_EXCEEDED, REGION_REQUEST_INVALID, WINDOW_FAILED, World,
+    Write, plan,
 };
 use rocefabric_operator_testing::objects::*;
 use support::*;
@@ -508,4 +509,93 @@ fn a_gated_pod_no_fabric_selects_gets_one_event() {
         "told once"
     );
     assert!(gated(&w, "ns", "lost"));
+}
+
+/// `p` with one container whose data plane gave up on its window (as `rocefabric-dsm` writes its
+/// termination message), waiting to restart; `running` makes it run again.
+fn with_window_failure(
+    mut p: k8s_openapi::api::core::v1::Pod,
+    running: bool,
+) -> k8s_openapi::api::core::v1::Pod {
+    use k8s_openapi::api::core::v1::{
+        ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting,
+        ContainerStatus,
+    };
+    let message = "rocefabric-dsm: local window of 67108864 bytes: cannot be pinned: registering \
+        pins 71303168 bytes\nFORGED: a line a tenant wrote";
+    let state = if running {
+        ContainerState {
+            running: Some(ContainerStateRunning::default()),
+            ..ContainerState::default()
+        }
+    } else {
+        ContainerState {
+            waiting: Some(ContainerStateWaiting {
+                reason: Some("CrashLoopBackOff".into()),
+                ..ContainerStateWaiting::default()
+            }),
+            ..ContainerState::default()
+        }
+    };
+    p.status.get_or_insert_default().container_statuses = Some(vec![ContainerStatus {
+        name: "trainer".into(),
+        state: Some(state),
+        last_state: Some(ContainerState {
+            terminated: Some(ContainerStateTerminated {
+                exit_code: 1,
+                message: Some(message.into()),
+                ..ContainerStateTerminated::default()
+            }),
+            ..ContainerState::default()
+        }),
+        ..ContainerStatus::default()
+    }]);
+    p
+}
+
+#[test]
+fn a_pod_whose_window_cannot_be_pinned_is_named_in_the_fabrics_status_without_its_text() {
+    let running =
+        |name: &str, t: i64| scheduled(pod("ns", name, t, &[MEMBER], false), "n-000", "10.0.0.7");
+    let mut w = world(
+        vec![shm(8)],
+        nodes("n", 1, &[]),
+        vec![
+            running("ok", 0),
+            with_window_failure(running("unpinned", 1), false),
+        ],
+    );
+    let p = step(&mut w);
+    let (status, why) = condition_of(&w, "f", condition::DEGRADED);
+    assert_eq!((status.as_str(), why.as_str()), ("True", WINDOW_FAILED));
+    let msg = condition_message(&w, "f", condition::DEGRADED);
+    assert!(msg.contains("1 pod cannot back or pin its window"), "{msg}");
+    assert!(
+        msg.contains("kubectl describe pod") && msg.contains("ns/unpinned"),
+        "{msg}"
+    );
+    assert!(!msg.contains("ns/ok"), "{msg}");
+    assert!(
+        !msg.contains("FORGED") && !msg.contains("cannot be pinned"),
+        "the pod's own text stays on the pod: {msg}"
+    );
+    assert_eq!(
+        events(&p)
+            .iter()
+            .filter(|e| e.reason == WINDOW_FAILED)
+            .count(),
+        1,
+        "one Warning when it starts"
+    );
+    // Its window is kept: a container that restarts with IPC_LOCK gets the same one.
+    assert!(region_of(&w, "ns", "unpinned").is_some());
+    // Running again (the fix landed, or it was pinned at last): the fabric is as expected.
+    let fixed = with_window_failure(running("unpinned", 1), true);
+    let fixed_region = pod_of(&w, "ns", "unpinned").region.clone();
+    w.pods.retain(|p| p.name != "unpinned");
+    let mut fixed = CompactPod::from(fixed);
+    fixed.region = fixed_region;
+    w.pods.push(fixed);
+    step(&mut w);
+    assert_eq!(condition_of(&w, "f", condition::DEGRADED).0, "False");
 }

@@ -47,6 +47,9 @@ pub const ROCEFABRIC_DSM_PORT: &str = "ROCEFABRIC_DSM_PORT";
 pub const ROCEFABRIC_DSM_MAX_PEERS: &str = "ROCEFABRIC_DSM_MAX_PEERS";
 /// The most it serves at once from one address, when not the default.
 pub const ROCEFABRIC_DSM_MAX_PEERS_PER_SOURCE: &str = "ROCEFABRIC_DSM_MAX_PEERS_PER_SOURCE";
+/// The container's termination message file (the pod's `terminationMessagePath`), when not the
+/// kubelet's default `/dev/termination-log`.
+pub const ROCEFABRIC_TERMINATION_LOG: &str = "ROCEFABRIC_TERMINATION_LOG";
 
 /// `PCIDEVICE_<RESOURCE>` of a resource or driver name: uppercased, with `.`, `/` and `-` as `_`
 /// (`rdma/hca` gives `PCIDEVICE_RDMA_HCA`).

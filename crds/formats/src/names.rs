@@ -24,3 +24,7 @@ pub const FABRIC_KEY_SUFFIX: &str = "-key";
 pub const FABRIC_KEY_KEY: &str = "key";
 /// Key of the fabric key Secret holding the namespace it was written for.
 pub const FABRIC_KEY_NAMESPACE_KEY: &str = "namespace";
+
+/// How `rocefabric-dsm` begins its termination message (and its last line on stderr) when this
+/// pod's window cannot be backed or pinned: the operator names such pods in the fabric's status.
+pub const WINDOW_FAILED_MESSAGE_PREFIX: &str = "rocefabric-dsm: local window of ";

@@ -141,12 +141,44 @@ pub fn main() -> ExitCode {
         rocefabric_runtime::logging::Format::Text,
     );
     let cli = Cli::parse();
+    let serves = matches!(cli.command, Command::Serve { .. } | Command::Session);
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("rocefabric-dsm: {e:#}");
+            let message = format!("rocefabric-dsm: {e:#}");
+            eprintln!("{message}");
+            if serves {
+                termination_message(&message);
+            }
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Where the kubelet reads a container's last words (`terminationMessagePath`'s default; another
+/// path through `ROCEFABRIC_TERMINATION_LOG`): `kubectl describe pod` shows them as the container's
+/// Last State, and the operator's fabric status names the pods whose window could not be set up
+/// from them. Written only by `serve` and `session`, which are the container's main process; a
+/// one-shot command's failure belongs to whoever ran it.
+const TERMINATION_LOG: &str = "/dev/termination-log";
+/// The kubelet keeps at most this much of it.
+const TERMINATION_MESSAGE_MAX: usize = 4096;
+
+fn termination_message(message: &str) {
+    let path = std::env::var_os(env::ROCEFABRIC_TERMINATION_LOG)
+        .filter(|p| !p.is_empty())
+        .map_or_else(|| PathBuf::from(TERMINATION_LOG), PathBuf::from);
+    // Only the file the kubelet mounted: never created where there is none.
+    if let Ok(mut file) = std::fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(&path)
+    {
+        let mut end = message.len().min(TERMINATION_MESSAGE_MAX);
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        let _ = std::io::Write::write_all(&mut file, &message.as_bytes()[..end]);
     }
 }
 

@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use rocefabric_api::constants::{REGION_ANNOTATION, REGION_SIZE_ANNOTATION};
+use rocefabric_formats::names::WINDOW_FAILED_MESSAGE_PREFIX;
 use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
 
 use super::labels::{Labels, Sym, Text, intern};
@@ -33,6 +34,26 @@ pub struct CompactPod {
     pub gates: Vec<String>,
     pub phase: Option<Sym>,
     pub pod_ip: Option<String>,
+    /// A container of the pod is down because `rocefabric-dsm` could not back or pin its window:
+    /// its termination message (now, or the last one while it waits to restart) begins with
+    /// [`WINDOW_FAILED_MESSAGE_PREFIX`]. Only the fact is kept, never the pod's text.
+    pub window_failed: bool,
+}
+
+/// Whether a container's termination message is `rocefabric-dsm`'s window failure.
+fn window_failure(message: Option<&str>) -> bool {
+    message.is_some_and(|m| m.starts_with(WINDOW_FAILED_MESSAGE_PREFIX))
+}
+
+/// A container that is not running again since `rocefabric-dsm` gave up on its window.
+fn container_window_failed(c: &k8s_openapi::api::core::v1::ContainerStatus) -> bool {
+    fn message(s: Option<&k8s_openapi::api::core::v1::ContainerState>) -> Option<&str> {
+        s.and_then(|s| s.terminated.as_ref())
+            .and_then(|t| t.message.as_deref())
+    }
+    let running = c.state.as_ref().is_some_and(|s| s.running.is_some());
+    window_failure(message(c.state.as_ref()))
+        || (!running && window_failure(message(c.last_state.as_ref())))
 }
 
 impl CompactPod {
@@ -65,6 +86,9 @@ impl From<&Pod> for CompactPod {
                 .unwrap_or_default(),
             phase: status.and_then(|s| s.phase.as_deref()).map(intern),
             pod_ip: status.and_then(|s| s.pod_ip.clone()),
+            window_failed: status
+                .and_then(|s| s.container_statuses.as_ref())
+                .is_some_and(|cs| cs.iter().any(container_window_failed)),
         }
     }
 }
@@ -78,7 +102,10 @@ impl From<Pod> for CompactPod {
 /// The pod as the planner sees it, as an API object (tests and what-ifs edit it so).
 impl From<&CompactPod> for Pod {
     fn from(p: &CompactPod) -> Self {
-        use k8s_openapi::api::core::v1::{PodSchedulingGate, PodSpec, PodStatus};
+        use k8s_openapi::api::core::v1::{
+            ContainerState, ContainerStateTerminated, ContainerStatus, PodSchedulingGate, PodSpec,
+            PodStatus,
+        };
         let annotations: std::collections::BTreeMap<String, String> = [
             (REGION_ANNOTATION, &p.region),
             (REGION_SIZE_ANNOTATION, &p.region_size),
@@ -115,6 +142,20 @@ impl From<&CompactPod> for Pod {
             status: Some(PodStatus {
                 phase: p.phase.as_deref().map(str::to_string),
                 pod_ip: p.pod_ip.clone(),
+                container_statuses: p.window_failed.then(|| {
+                    vec![ContainerStatus {
+                        name: "dsm".into(),
+                        state: Some(ContainerState {
+                            terminated: Some(ContainerStateTerminated {
+                                exit_code: 1,
+                                message: Some(format!("{WINDOW_FAILED_MESSAGE_PREFIX}...")),
+                                ..ContainerStateTerminated::default()
+                            }),
+                            ..ContainerState::default()
+                        }),
+                        ..ContainerStatus::default()
+                    }]
+                }),
                 ..PodStatus::default()
             }),
         }
@@ -161,10 +202,51 @@ struct RawGate {
 }
 
 #[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
 struct RawStatus {
     phase: Option<String>,
     #[serde(rename = "podIP")]
     pod_ip: Option<String>,
+    #[serde(default)]
+    container_statuses: Vec<RawContainerStatus>,
+}
+
+/// Of a container's status, whether it runs and whether its termination messages are the data
+/// plane's window failure; the messages themselves are read and dropped.
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawContainerStatus {
+    state: Option<RawState>,
+    last_state: Option<RawState>,
+}
+
+#[derive(serde::Deserialize)]
+struct RawState {
+    running: Option<IgnoredAny>,
+    terminated: Option<RawTerminated>,
+}
+
+#[derive(serde::Deserialize)]
+struct RawTerminated {
+    #[serde(default, deserialize_with = "is_window_failure")]
+    message: bool,
+}
+
+fn is_window_failure<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    let text = Option::<Text<'de>>::deserialize(d)?;
+    Ok(window_failure(text.as_ref().map(|t| &*t.0)))
+}
+
+impl RawContainerStatus {
+    fn window_failed(&self) -> bool {
+        let failed = |s: &Option<RawState>| {
+            s.as_ref()
+                .and_then(|s| s.terminated.as_ref())
+                .is_some_and(|t| t.message)
+        };
+        let running = self.state.as_ref().is_some_and(|s| s.running.is_some());
+        failed(&self.state) || (!running && failed(&self.last_state))
+    }
 }
 
 /// The two annotations the planner reads; the others (a `last-applied-configuration` may be
@@ -211,7 +293,13 @@ impl<'de> Deserialize<'de> for CompactPod {
         let meta = metadata.unwrap_or_default();
         let ours = meta.annotations.unwrap_or_default();
         let (node_name, gates) = spec.map_or((None, None), |s| (s.node_name, s.scheduling_gates));
-        let (phase, pod_ip) = status.map_or((None, None), |s| (s.phase, s.pod_ip));
+        let (phase, pod_ip, window_failed) = status.map_or((None, None, false), |s| {
+            let failed = s
+                .container_statuses
+                .iter()
+                .any(RawContainerStatus::window_failed);
+            (s.phase, s.pod_ip, failed)
+        });
         Ok(Self {
             namespace: intern(meta.namespace.as_deref().unwrap_or_default()),
             name: meta.name.unwrap_or_default(),
@@ -228,6 +316,7 @@ impl<'de> Deserialize<'de> for CompactPod {
                 .unwrap_or_default(),
             phase: phase.as_deref().map(intern),
             pod_ip,
+            window_failed,
         })
     }
 }
@@ -270,6 +359,36 @@ mod tests {
         assert_eq!(p.gates, ["rocefabric.io/region", "other"]);
         assert_eq!(p.phase.as_deref(), Some("Running"));
         assert_eq!(p.pod_ip.as_deref(), Some("10.0.0.1"));
+    }
+
+    #[test]
+    fn a_container_down_for_its_window_is_kept_as_a_fact_not_as_its_text() {
+        let with = |state: serde_json::Value, message: &str| {
+            let mut p = full();
+            p["status"]["containerStatuses"] = serde_json::json!([
+                {"name": "other", "state": {"running": {}}},
+                {"name": "dsm", "state": state,
+                 "lastState": {"terminated": {"exitCode": 1, "message": message}}}]);
+            let decoded: CompactPod = serde_json::from_value(p.clone()).expect("valid pod");
+            let full_pod: Pod = serde_json::from_value(p).expect("valid pod");
+            assert_eq!(CompactPod::from(&full_pod), decoded, "both decoders agree");
+            decoded.window_failed
+        };
+        let failure = "rocefabric-dsm: local window of 8388608 bytes: cannot be pinned: ...";
+        let waiting = serde_json::json!({"waiting": {"reason": "CrashLoopBackOff"}});
+        assert!(with(waiting.clone(), failure));
+        let terminated = serde_json::json!({"terminated": {"exitCode": 1, "message": failure}});
+        assert!(with(terminated, "earlier"));
+        assert!(
+            !with(serde_json::json!({"running": {}}), failure),
+            "running again"
+        );
+        assert!(
+            !with(waiting, "rocefabric-dsm: HCA rxe0: ..."),
+            "another failure"
+        );
+        let bare: CompactPod = serde_json::from_value(full()).expect("valid pod");
+        assert!(!bare.window_failed);
     }
 
     #[test]

@@ -30,7 +30,7 @@ pub use report::{
 };
 pub use status::{
     MAX_CONFLICTING_LISTED, REGION_CONFLICT, REGION_DIRECTORY_TOO_LARGE, REGION_QUOTA_EXCEEDED,
-    REGION_REQUEST_INVALID,
+    REGION_REQUEST_INVALID, WINDOW_FAILED,
 };
 pub use world::{PlanOptions, World};
 pub use writes::{Event, EventType, Write};
@@ -71,6 +71,8 @@ pub(crate) struct RegionFindings {
     pub over_quota: Vec<(String, String)>,
     pub conflicts: Vec<(String, String)>,
     pub too_large: Vec<(String, usize, usize)>,
+    /// Pods whose data plane could not back or pin its window: `namespace/name`.
+    pub window_failed: Vec<String>,
     pub events: usize,
 }
 

@@ -171,6 +171,7 @@ impl<'w> Pass<'w> {
             too_large: regions.too_large,
             conflicts: regions.conflicts,
             over_quota: regions.over_quota,
+            window_failed: regions.window_failed,
         };
         let (write, events) = status::valid_status(f, &facts, &self.now);
         let figures = (
@@ -186,6 +187,7 @@ impl<'w> Pass<'w> {
                 over_quota: facts.over_quota.clone(),
                 conflicts: facts.conflicts.clone(),
                 too_large: facts.too_large.clone(),
+                window_failed: facts.window_failed.clone(),
                 events: regions.events.len(),
             };
             (f.name.to_string(), findings)

@@ -39,6 +39,8 @@ pub(crate) struct RegionsOutcome {
     pub conflicts: Vec<(String, String)>,
     /// Pods waiting because their namespace's quota is used: `namespace/name`, why.
     pub over_quota: Vec<(String, String)>,
+    /// Pods whose data plane could not back or pin its window: `namespace/name`.
+    pub window_failed: Vec<String>,
     pub regions: Vec<RegionReport>,
     pub waiting: Vec<WaitingPod>,
 }
@@ -213,6 +215,9 @@ impl<'a, 'w> RegionPlan<'a, 'w> {
         let per_pod = self.fabric.pods.as_ref().and_then(|s| s.per_pod);
         let mut wanted = Vec::with_capacity(self.pods.len());
         for (p, claim) in self.pods.iter().zip(&self.claims) {
+            if p.pod.window_failed {
+                self.out.window_failed.push(p.key());
+            }
             let len = request_len(p, self.geometry, per_pod);
             let request = match (claim, len) {
                 (Claim::Existing(s), len) => Some(Request {

@@ -24,6 +24,9 @@ pub const REGION_QUOTA_EXCEEDED: &str = "RegionQuotaExceeded";
 /// Reason of running pods whose recorded windows the fabric cannot keep (overlap, or not of
 /// this fabric's geometry): left as they are, never rewritten.
 pub const REGION_CONFLICT: &str = "RegionConflict";
+/// Reason of pods whose data plane could not back or pin its window (their containers' Last
+/// State in `kubectl describe pod` says why and how to fix it).
+pub const WINDOW_FAILED: &str = "WindowFailed";
 /// Most names listed in a condition message.
 const LISTED: usize = 10;
 /// Most names in `status.conflictingNodes`.
@@ -49,6 +52,9 @@ pub(crate) struct Facts {
     pub conflicts: Vec<(String, String)>,
     /// Pods waiting for their namespace's quota.
     pub over_quota: Vec<(String, String)>,
+    /// Pods whose data plane could not back or pin its window, by `namespace/name` only: their
+    /// own message stays on the pod (a tenant's text is never copied into the fabric's status).
+    pub window_failed: Vec<String>,
 }
 
 /// List at most [`LISTED`] names, saying how many more there are.
@@ -195,6 +201,26 @@ fn region_problems(facts: &Facts) -> Vec<Problem> {
             detail: format!(
                 "running pods keep windows the fabric cannot place (never rewritten): {}",
                 list(&named)
+            ),
+        });
+    }
+    if !facts.window_failed.is_empty() {
+        problems.push(Problem {
+            reason: WINDOW_FAILED,
+            detail: format!(
+                "{} cannot back or pin {} window (kubectl describe pod: the container's Last \
+                 State names the limit and the fix): {}",
+                plural(
+                    super::rollout::count(facts.window_failed.len()),
+                    "pod",
+                    "pods"
+                ),
+                if facts.window_failed.len() == 1 {
+                    "its"
+                } else {
+                    "their"
+                },
+                list(&facts.window_failed)
             ),
         });
     }

@@ -23,9 +23,11 @@ pub(super) enum Keep {
     /// These fields of an object (a value of another type is built whole, so the typed read
     /// names what is wrong with it).
     Fields(&'static [(&'static str, Keep)]),
+    /// Each item of a list, kept so (a value of another type is built whole).
+    Each(&'static Keep),
 }
 
-use Keep::{All, Fields};
+use Keep::{All, Each, Fields};
 
 /// The metadata the compact objects read (a node's labels; a pod's, its age and our
 /// annotations), and what identifies an object.
@@ -43,6 +45,13 @@ const METADATA: Keep = Fields(&[
     ),
 ]);
 
+/// Of a container's state: whether it runs, and a termination message (is it the data plane's
+/// window failure?).
+const CONTAINER_STATE: Keep = Fields(&[
+    ("running", All),
+    ("terminated", Fields(&[("message", All)])),
+]);
+
 /// What [`crate::objects::CompactPod`] reads.
 const POD: Keep = Fields(&[
     ("apiVersion", All),
@@ -52,7 +61,20 @@ const POD: Keep = Fields(&[
         "spec",
         Fields(&[("nodeName", All), ("schedulingGates", All)]),
     ),
-    ("status", Fields(&[("phase", All), ("podIP", All)])),
+    (
+        "status",
+        Fields(&[
+            ("phase", All),
+            ("podIP", All),
+            (
+                "containerStatuses",
+                Each(&Fields(&[
+                    ("state", CONTAINER_STATE),
+                    ("lastState", CONTAINER_STATE),
+                ])),
+            ),
+        ]),
+    ),
 ]);
 
 /// What [`crate::objects::CompactNode`] reads.
@@ -108,7 +130,7 @@ impl<'de> DeserializeSeed<'de> for &'static Keep {
     fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
         match self {
             All => Strict.deserialize(d),
-            Fields(fields) => d.deserialize_any(Pruned(fields)),
+            Fields(_) | Each(_) => d.deserialize_any(Pruned(self)),
         }
     }
 }
@@ -183,16 +205,24 @@ fn strict<'de, E: de::Error>(v: impl IntoDeserializer<'de, E>) -> Result<Cow<'de
     ))
 }
 
-struct Pruned(&'static [(&'static str, Keep)]);
+/// An object or a list kept as its [`Keep`] says; a value of another shape is built whole, for
+/// the typed read to refuse.
+struct Pruned(&'static Keep);
 
 impl<'de> Visitor<'de> for Pruned {
     type Value = Value;
 
     fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("an object")
+        f.write_str(match self.0 {
+            Each(_) => "a list",
+            _ => "an object",
+        })
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let Fields(fields) = self.0 else {
+            return Strict.deserialize(de::value::MapAccessDeserializer::new(map));
+        };
         let mut out = Map::new();
         let mut seen: Vec<Cow<'de, str>> = Vec::new();
         while let Some(key) = map.next_key_seed(Key)? {
@@ -202,7 +232,7 @@ impl<'de> Visitor<'de> for Pruned {
                     rocefabric_input::shown::shown_within(&key, 1024)
                 )));
             }
-            match self.0.iter().find(|(k, _)| *k == key) {
+            match fields.iter().find(|(k, _)| *k == key) {
                 Some((_, keep)) => {
                     let value = map.next_value_seed(keep)?;
                     out.insert(key.to_string(), value);
@@ -216,10 +246,13 @@ impl<'de> Visitor<'de> for Pruned {
         Ok(Value::Object(out))
     }
 
-    // Not an object: built whole, for the typed read to refuse.
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let item: &'static Keep = match self.0 {
+            Each(item) => item,
+            _ => &All,
+        };
         let mut out = Vec::new();
-        while let Some(v) = seq.next_element_seed(Strict)? {
+        while let Some(v) = seq.next_element_seed(item)? {
             out.push(v);
         }
         Ok(Value::Array(out))
@@ -256,6 +289,20 @@ mod tests {
         let pod = r#"{"kind": "Pod", "metadata": {"name": "a", "managedFields": [{"m": 1}],
             "annotations": {"rocefabric.io/region": "{}", "other": "x"}},
             "spec": {"containers": [{"name": "c"}], "nodeName": "n1"}, "status": "odd"}"#;
+        let statuses = r#"{"kind": "Pod", "status": {"phase": "Running", "containerStatuses": [
+            {"name": "c", "image": "i", "imageID": "sha256:...", "ready": false,
+             "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+             "lastState": {"terminated": {"exitCode": 1, "message": "m", "reason": "Error"}}}]}}"#;
+        let mut de = serde_json::Deserializer::from_str(statuses);
+        let v = Keep::items_of(&[Kind::Pod])
+            .deserialize(&mut de)
+            .expect("a pod");
+        assert_eq!(
+            v,
+            serde_json::json!({"kind": "Pod", "status": {"phase": "Running", "containerStatuses": [
+                {"state": {}, "lastState": {"terminated": {"message": "m"}}}]}}),
+            "of container statuses, only whether each runs and its termination messages"
+        );
         let mut de = serde_json::Deserializer::from_str(pod);
         let v = Keep::items_of(&[Kind::Pod])
             .deserialize(&mut de)

@@ -145,6 +145,7 @@ impl State {
             too_large: findings.too_large,
             conflicts: findings.conflicts,
             over_quota: findings.over_quota,
+            window_failed: findings.window_failed,
         };
         let (write, events) = status::valid_status(fabric, &facts, &time);
         report_active(

@@ -77,6 +77,8 @@ pub(crate) struct Regions {
     exhausted: BTreeMap<SortKey, String>,
     bad: BTreeMap<SortKey, (String, String)>,
     over_quota: BTreeMap<SortKey, (String, String)>,
+    /// Pods whose data plane could not back or pin its window.
+    window_failed: BTreeMap<SortKey, String>,
     /// `namespace/pod` -> window, now.
     live: HashMap<String, Slots>,
     cooling: Vec<Cooling>,
@@ -142,6 +144,7 @@ impl Regions {
             exhausted: BTreeMap::new(),
             bad: BTreeMap::new(),
             over_quota: BTreeMap::new(),
+            window_failed: BTreeMap::new(),
             live: pass.ledger.live,
             cooling: pass.ledger.cooling,
             uncommitted: HashSet::new(),
@@ -162,6 +165,7 @@ impl Regions {
             r.phase3.clear();
             r.assigned.clear();
             r.dirs.clear();
+            r.window_failed.clear();
         }
         r
     }
@@ -183,6 +187,7 @@ impl Regions {
             let p = PodRef::new(pod);
             let key = p.key();
             let sort = sort_key(&p);
+            self.note_window(pod, &sort);
             let claim = pod::claim_of(&p, &self.fabric, self.geometry);
             let held = match (self.live.get(&key), &claim) {
                 (Some(&s), Claim::Existing(c)) if *c == s => Held::Kept(s),
@@ -284,6 +289,7 @@ impl Regions {
             return Step::Full;
         }
         let k = p.key();
+        self.note_window(pod, &sort);
         let held = match pod::request_len(&p, self.geometry, self.per_pod) {
             Err(e) => {
                 self.bad.insert(sort.clone(), (k.clone(), e.to_string()));
@@ -302,6 +308,16 @@ impl Regions {
             },
         );
         Step::Done
+    }
+
+    /// Whether the pod's data plane is down for its window, as the full pass lists it.
+    fn note_window(&mut self, pod: &CompactPod, sort: &SortKey) {
+        if pod.window_failed {
+            let p = PodRef::new(pod);
+            self.window_failed.insert(sort.clone(), p.key());
+        } else {
+            self.window_failed.remove(sort);
+        }
     }
 
     /// The new-window phase for one pod at the end of the order: quota, then first fit.
@@ -380,7 +396,9 @@ impl Regions {
             return Step::Full;
         }
         let held = entry.held;
+        let sort = entry.sort.clone();
         if entry.annotation == annotation {
+            self.note_window(pod, &sort);
             match held {
                 Held::Kept(s) => self.show(&p, s, true, configs),
                 Held::Assigned(s) => self.show(&p, s, false, configs),
@@ -400,6 +418,7 @@ impl Regions {
                     e.held = Held::Kept(s);
                     e.annotation = annotation;
                 }
+                self.note_window(pod, &sort);
                 self.show(&p, s, true, configs);
                 Step::Done
             }
@@ -433,6 +452,7 @@ impl Regions {
         }
         let held = entry.held;
         let sort = entry.sort.clone();
+        self.window_failed.remove(&sort);
         match held {
             Held::Kept(s) | Held::Assigned(s) => {
                 let committed = !self.uncommitted.contains(&k);
@@ -622,6 +642,7 @@ impl Regions {
             bad_requests: self.bad.values().cloned().collect(),
             over_quota: self.over_quota.values().cloned().collect(),
             conflicts: Vec::new(),
+            window_failed: self.window_failed.values().cloned().collect(),
             too_large: self
                 .too_large
                 .iter()
