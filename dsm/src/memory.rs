@@ -31,8 +31,8 @@ pub enum IpcLock {
     /// `CAP_IPC_LOCK` is effective: pinning is held only to the memory limit.
     Effective,
     /// The container grants it (it is in the bounding set) but this process does not hold it:
-    /// a non-root user whose binary has no file capability, or `no_new_privs`, which makes exec
-    /// ignore file capabilities.
+    /// a non-root user whose binary has no file capability, or `no_new_privs`, under which exec
+    /// grants a file capability only to a process that held it before.
     NotHeld { uid: u32, no_new_privs: bool },
     /// The container does not grant it.
     #[default]
@@ -180,8 +180,9 @@ fn memlock_refusal(
         IpcLock::NotHeld {
             no_new_privs: true, ..
         } => "the container adds IPC_LOCK but runs with no_new_privs \
-              (securityContext.allowPrivilegeEscalation: false), under which exec ignores the \
-              binary's file capability: drop allowPrivilegeEscalation: false from this container"
+              (securityContext.allowPrivilegeEscalation: false), under which exec grants the \
+              binary's file capability only to a process its runtime gave the capability already, \
+              and this one's did not: drop allowPrivilegeEscalation: false from this container"
             .to_string(),
         IpcLock::NotHeld { uid, .. } => {
             let exe = std::env::current_exe()

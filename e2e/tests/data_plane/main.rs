@@ -32,6 +32,7 @@ use rocefabric_operator::cli::{Cli, Command, plan};
 use serde_json::{Value, json};
 
 mod crossing;
+mod pinning;
 mod scenario;
 use scenario::scenario;
 

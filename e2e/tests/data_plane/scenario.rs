@@ -231,12 +231,14 @@ pub(super) fn scenario(a_side: bool, p: &Planned) -> String {
              section crossing crossing {a1} {b2}\n\
              section dead-holder dead_holder {a1} {a2}\n\
              section release env POD_NAME=a1 POD_UID={a1} ROCEFABRIC_REGION_FILE=/tmp/dsm/a1.region $IP netns exec a1 $D write --addr b2+0x1f0030 --word 1\n\
+             {pinning}\
              exit 0\n",
             uid("a1"),
             uid("a2"),
             a1 = uid("a1"),
             a2 = uid("a2"),
             b2 = uid("b2"),
+            pinning = super::pinning::SCENARIO,
         );
     } else {
         out += &format!("pod b1n {} || exit 12\n", B1_NEW.2);
