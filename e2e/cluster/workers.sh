@@ -31,7 +31,10 @@ FABRIC_TAP_PREFIX=rfe2e-f
 FABRIC_BRIDGE=rfe2e1
 WORKER_TAINT=rocefabric.io/vm-worker=true:NoSchedule
 WORKER_LABEL=rocefabric.io/vm-worker=true
-WORKER_MEMORY=${ROCEFABRIC_WORKER_MEMORY:-2048}
+WORKER_MEMORY=${ROCEFABRIC_WORKER_MEMORY:-3072}
+# 2 MiB hugepages reserved at boot (before the kubelet reads its capacity): the user story backs a
+# 256 MiB window with them (128 pages), the rest of the memory backs anonymous windows of 64 MiB.
+WORKER_HUGEPAGES=${ROCEFABRIC_WORKER_HUGEPAGES:-160}
 WORKER_CPUS=${ROCEFABRIC_WORKER_CPUS:-2}
 # How long all workers together may take to be Ready (TCG on 2 cores: about 90 s each, side by side).
 WORKER_BOOT_LIMIT=${ROCEFABRIC_WORKER_BOOT_LIMIT:-900}
@@ -216,7 +219,8 @@ start_worker() { # INDEX COUNT ACCEL
   start "worker-$name" qemu-system-x86_64 -name "$name" -accel "$accel" "${cpu[@]}" \
     -smp "$WORKER_CPUS" -m "$WORKER_MEMORY" -display none -no-reboot -serial stdio \
     -monitor "unix:$dir/monitor.sock,server,nowait" \
-    -kernel "$VM_OUT/vmlinuz" -initrd "$dir/initrd" -append "console=ttyS0 panic=-1 quiet" \
+    -kernel "$VM_OUT/vmlinuz" -initrd "$dir/initrd" \
+    -append "console=ttyS0 panic=-1 quiet hugepagesz=2M hugepages=$WORKER_HUGEPAGES" \
     -netdev "tap,id=net0,ifname=$tap,script=no,downscript=no" \
     -device "virtio-net-pci,netdev=net0,mac=52:54:00:e2:00:$(printf %02x "$i")" \
     -netdev "tap,id=fabric,ifname=$fabric_tap,script=no,downscript=no" \

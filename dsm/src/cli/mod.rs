@@ -157,8 +157,8 @@ pub fn main() -> ExitCode {
 
 /// Where the kubelet reads a container's last words (`terminationMessagePath`'s default; another
 /// path through `ROCEFABRIC_TERMINATION_LOG`): `kubectl describe pod` shows them as the container's
-/// Last State, and the operator's fabric status names the pods whose window could not be set up
-/// from them. Written only by `serve` and `session`, which are the container's main process; a
+/// State (Last State once restarted), and the operator's fabric status names the pods whose window
+/// could not be set up from them. Written only by `serve` and `session`, which are the container's main process; a
 /// one-shot command's failure belongs to whoever ran it.
 const TERMINATION_LOG: &str = "/dev/termination-log";
 /// The kubelet keeps at most this much of it.

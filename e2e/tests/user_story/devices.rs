@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::kube::{APPS, FABRIC, Story, WAIT, WORKER_TAINT_KEY, eventually};
+use crate::readme;
 
 /// The fabric's pods: `a1`, `a2` on the first worker, `b1`, `b2` on the second.
 pub fn fabric_pods(story: &Story) -> Vec<(String, String)> {
@@ -19,28 +20,16 @@ pub fn fabric_pods(story: &Story) -> Vec<(String, String)> {
         .collect()
 }
 
-/// A workload pod as README "Using your window" writes it (no hugepages on the VMs), whose
-/// `rocefabric-dsm session` reads its commands from the FIFO `/tmp/cmd`.
+/// The memory limit of a pod with a window of the story's fabric (64 MiB): the README's rule, the
+/// window, 4 MiB of staging and the program.
+pub const WINDOW_MEMORY: &str = "256Mi";
+
+/// A workload pod as README "Using your window" writes it (its first block: no hugepages),
+/// whose `rocefabric-dsm session` reads its commands from the FIFO `/tmp/cmd`.
 pub fn fabric_pod(story: &Story, name: &str, node: &str) -> Value {
-    let mut pod = plain_pod(story, name, node);
-    pod["metadata"]["labels"] = json!({"rocefabric.io/fabric": FABRIC});
-    pod["spec"]["schedulingGates"] = json!([{"name": "rocefabric.io/region"}]);
-    // The workload image runs as 65532: the key (mode 0440) is readable through the pod's group.
-    pod["spec"]["securityContext"] = json!({"fsGroup": 65532});
-    let c = &mut pod["spec"]["containers"][0];
-    c["resources"]["limits"]["rdma/hca"] = json!("1");
-    c["securityContext"] = json!({"capabilities": {"add": ["IPC_LOCK"]}});
-    c["volumeMounts"] = json!([
-        {"name": "region", "mountPath": "/etc/rocefabric"},
-        {"name": "directory", "mountPath": "/etc/rocefabric/directory"},
-        {"name": "key", "mountPath": "/etc/rocefabric/key", "readOnly": true},
-    ]);
-    pod["spec"]["volumes"] = json!([
-        {"name": "region", "downwardAPI": {"items": [{"path": "region",
-            "fieldRef": {"fieldPath": "metadata.annotations['rocefabric.io/region']"}}]}},
-        {"name": "directory", "configMap": {"name": format!("{FABRIC}-regions")}},
-        {"name": "key", "secret": {"secretName": format!("{FABRIC}-key"), "defaultMode": 0o440}},
-    ]);
+    let mut pod = readme::pod(0);
+    readme::place(story, &mut pod, name, node);
+    pod["spec"]["containers"][0]["resources"]["limits"]["memory"] = json!(WINDOW_MEMORY);
     pod
 }
 

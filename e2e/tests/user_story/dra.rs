@@ -7,7 +7,7 @@
 use rocefabric_e2e::workspace_root;
 use serde_json::{Value, json};
 
-use crate::devices::{fabric_pod, start_pods};
+use crate::devices::{WINDOW_MEMORY, fabric_pod, start_pods};
 use crate::fabric::values_file;
 use crate::kube::{APPS, NAMESPACE, RELEASE, Story, WAIT, eventually};
 use crate::memory::directory_lists;
@@ -77,7 +77,7 @@ pub fn claim_gets_rxe_through_cdi(story: &mut Story) {
     }));
     let mut pod = fabric_pod(story, "dra-a", &node);
     let c = &mut pod["spec"]["containers"][0];
-    c["resources"] = json!({"limits": {"memory": "128Mi"}, "claims": [{"name": "hca"}]});
+    c["resources"] = json!({"limits": {"memory": WINDOW_MEMORY}, "claims": [{"name": "hca"}]});
     pod["spec"]["resourceClaims"] = json!([{"name": "hca", "resourceClaimName": "hca"}]);
     start_pods(story, &[pod]);
 

@@ -8,15 +8,22 @@ use rocefabric_e2e::workspace_root;
 use serde_json::Value;
 
 use crate::kube::{
-    APPS, FABRIC, NAMESPACE, RELEASE, Story, WAIT, WORKER_TAINT_KEY, condition, eventually,
+    APPS, FABRIC, HCA_SHARES, NAMESPACE, RELEASE, Story, WAIT, WORKER_TAINT_KEY, condition,
+    eventually,
 };
 
 /// The README's values file for VM workers: images from the node's store, the daemon only on the
-/// workers (tolerating their taint), rxe served (`softRoce: include`), two pods per HCA.
+/// workers (tolerating their taint), rxe served (`softRoce: include`), [`HCA_SHARES`] pods per HCA.
 pub fn values_file() -> String {
     let path = workspace_root().join("examples/values/vm-workers.yaml");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let values: Value = yaml_serde::from_str(&text).expect("the values file is YAML");
+    assert_eq!(
+        values["node"]["config"]["hca"]["sharedReplicas"].to_string(),
+        HCA_SHARES,
+        "{}",
+        path.display()
+    );
     assert_eq!(
         values["node"]["nodeSelector"][WORKER_TAINT_KEY],
         "true",

@@ -18,6 +18,9 @@ pub const APPS: &str = "story";
 pub const FABRIC: &str = "soft";
 /// The taint and label `up` gives worker VMs.
 pub const WORKER_TAINT_KEY: &str = "rocefabric.io/vm-worker";
+/// Pods per rxe (`node.config.hca.sharedReplicas` of `examples/values/vm-workers.yaml`): the
+/// fabric's two pods per worker, a hugepage-window pod and a pod that cannot pin its window.
+pub const HCA_SHARES: &str = "4";
 /// How long a reconcile, a rollout or a pod start may take on TCG-emulated workers.
 pub const WAIT: Duration = Duration::from_secs(240);
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::kube::{Story, WAIT, eventually};
+use crate::kube::{HCA_SHARES as SHARED, Story, WAIT, eventually};
 
 /// The node's allocatable `rdma/hca`, as `kubectl get node -o json` reports it.
 pub fn allocatable(story: &Story, node: &str) -> Option<String> {
@@ -71,7 +71,7 @@ pub fn link_down_drops_allocatable(story: &mut Story) {
     let other = story.workers[0].clone();
     monitor_refuses_others(story, &node);
     let before = allocatable(story, &node).expect("rdma/hca allocatable");
-    assert_eq!(before, "2", "{node}: one rxe, shared by two pods");
+    assert_eq!(before, SHARED, "{node}: one rxe, shared by {SHARED} pods");
 
     monitor(story, &node, "set_link fabric off");
     eventually(
@@ -81,7 +81,7 @@ pub fn link_down_drops_allocatable(story: &mut Story) {
     );
     assert_eq!(
         allocatable(story, &other).as_deref(),
-        Some("2"),
+        Some(SHARED),
         "{other} is untouched"
     );
     let ready = story.kubectl(&[
@@ -99,8 +99,8 @@ pub fn link_down_drops_allocatable(story: &mut Story) {
 
     monitor(story, &node, "set_link fabric on");
     eventually(
-        &format!("{node}'s allocatable rdma/hca returns to 2"),
+        &format!("{node}'s allocatable rdma/hca returns to {SHARED}"),
         WAIT,
-        || (allocatable(story, &node)? == "2").then_some(()),
+        || (allocatable(story, &node)? == SHARED).then_some(()),
     );
 }

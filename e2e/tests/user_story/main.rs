@@ -10,9 +10,12 @@
 //! `ROCEFABRIC_REQUIRE_WORKERS=1` (CI, after `up --workers 2`) a skip is a failure.
 //!
 //! The steps depend on each other (the pods of step 2 share memory in step 3, one is replaced in
-//! step 4, ...), so they run in order in one test; each failure names its step. Figures (pod start
-//! with and without a device and a window, fabric apply to QosApplied, the data plane's read
-//! latency against perftest's) are printed as `FIGURE` lines, never asserted.
+//! step 4, ...), so they run in order in one test; each failure names its step. The fabric pods are
+//! the README's pod specs ("Using your window") word for word but for name, placement, command and
+//! sizes (`readme.rs`), with windows of 64 MiB and 256 MiB, past the 8 MiB memlock limit. Figures
+//! (pod start with and without a device and a window, fabric apply to QosApplied, the data plane's
+//! read latency and whole-window bandwidth against perftest's) are printed as `FIGURE` lines, never
+//! asserted.
 
 mod devices;
 mod dra;
@@ -20,8 +23,10 @@ mod fabric;
 mod kube;
 mod link;
 mod memory;
+mod readme;
 mod replace;
 mod rollout;
+mod windows;
 
 use std::time::Instant;
 
@@ -71,6 +76,14 @@ fn user_story_on_vm_workers() {
         devices::pods_get_devices_and_windows,
     );
     story.step("3 memory shared across nodes", memory::share_memory);
+    story.step(
+        "3b windows of real size, whole by checksum",
+        windows::whole_windows_by_checksum,
+    );
+    story.step(
+        "3c a window that cannot be pinned",
+        windows::unpinnable_window_is_named,
+    );
     story.step(
         "figures: data plane against perftest",
         memory::latency_figure,

@@ -4,7 +4,12 @@
 //
 //	mkimage --name docker.io/rocefabric/rocefabric-node:0.1.0 --out node.tar \
 //	    --file /path/on/host:/usr/local/bin/x --symlink /bin/sh:busybox --dir /tmp:1777 \
-//	    --entrypoint /usr/local/bin/x --cmd serve --user 65532:65532 --env K=V
+//	    --entrypoint /usr/local/bin/x --cmd serve --user 65532:65532 --env K=V \
+//	    --fcap /usr/local/bin/x:ipc_lock
+//
+// --fcap gives a file of the image a file capability, permitted only (what `setcap cap_X=p` sets):
+// the layer carries it as the security.capability extended attribute, which containerd sets when
+// it unpacks the layer.
 package main
 
 import (
@@ -12,6 +17,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"flag"
@@ -37,10 +43,33 @@ type entry struct {
 	mode     int64
 	source   string // host file, for regular files
 	linkname string // for symlinks
+	fcap     string // security.capability value (vfs_cap_data), for regular files
+}
+
+// capabilityBits are the capabilities --fcap knows, by their number in linux/capability.h.
+var capabilityBits = map[string]uint{"net_admin": 12, "net_raw": 13, "ipc_lock": 14, "sys_admin": 21, "sys_resource": 24}
+
+// fileCapability is a vfs_cap_data, revision 2: magic and flags (no effective bit, so exec never
+// fails where the capability is not in the bounding set: the program raises it itself), then
+// permitted and inheritable for capabilities 0-31 and 32-63, little-endian.
+func fileCapability(names string) (string, error) {
+	var permitted uint64
+	for _, n := range strings.Split(names, ",") {
+		bit, ok := capabilityBits[strings.TrimPrefix(strings.ToLower(n), "cap_")]
+		if !ok {
+			return "", fmt.Errorf("unknown capability %q", n)
+		}
+		permitted |= 1 << bit
+	}
+	b := make([]byte, 20)
+	binary.LittleEndian.PutUint32(b[0:], 0x02000000)
+	binary.LittleEndian.PutUint32(b[4:], uint32(permitted))
+	binary.LittleEndian.PutUint32(b[12:], uint32(permitted>>32))
+	return string(b), nil
 }
 
 func main() {
-	var files, symlinks, dirs, entrypoint, cmd, env list
+	var files, symlinks, dirs, entrypoint, cmd, env, fcaps list
 	name := flag.String("name", "", "image reference, e.g. docker.io/library/busybox:local")
 	out := flag.String("out", "", "the archive to write")
 	user := flag.String("user", "", "user[:group] the image runs as")
@@ -51,12 +80,16 @@ func main() {
 	flag.Var(&entrypoint, "entrypoint", "entrypoint word (repeat for each)")
 	flag.Var(&cmd, "cmd", "default argument (repeat for each)")
 	flag.Var(&env, "env", "KEY=VALUE (repeat)")
+	flag.Var(&fcaps, "fcap", "IMAGE:CAP[,CAP] file capabilities of a --file, permitted only (setcap cap_X=p)")
 	flag.Parse()
 	if *name == "" || *out == "" {
 		fail("--name and --out are required")
 	}
 	entries, err := collect(files, symlinks, dirs)
 	if err != nil {
+		fail(err.Error())
+	}
+	if err := setCapabilities(entries, fcaps); err != nil {
 		fail(err.Error())
 	}
 	if err := write(*name, *out, entries, config{user: *user, workdir: *workdir, entrypoint: entrypoint, cmd: cmd, env: env}); err != nil {
@@ -141,6 +174,31 @@ func collect(files, symlinks, dirs list) ([]entry, error) {
 	return entries, nil
 }
 
+// setCapabilities gives each --fcap's file its capabilities; the file must be a --file.
+func setCapabilities(entries []entry, fcaps list) error {
+	for _, f := range fcaps {
+		image, names, ok := strings.Cut(f, ":")
+		if !ok || names == "" {
+			return fmt.Errorf("--fcap %q: want IMAGE:CAP[,CAP]", f)
+		}
+		name := strings.TrimPrefix(path.Clean("/"+image), "/")
+		value, err := fileCapability(names)
+		if err != nil {
+			return fmt.Errorf("--fcap %q: %w", f, err)
+		}
+		found := false
+		for i := range entries {
+			if entries[i].name == name && entries[i].typeflag == tar.TypeReg {
+				entries[i].fcap, found = value, true
+			}
+		}
+		if !found {
+			return fmt.Errorf("--fcap %q: no --file at %s", f, image)
+		}
+	}
+	return nil
+}
+
 type config struct {
 	user, workdir        string
 	entrypoint, cmd, env list
@@ -155,6 +213,9 @@ func layer(entries []entry) (gz []byte, diffID string, err error) {
 			ModTime: time.Unix(0, 0), Format: tar.FormatPAX}
 		if e.typeflag == tar.TypeDir {
 			hdr.Name += "/"
+		}
+		if e.fcap != "" {
+			hdr.PAXRecords = map[string]string{"SCHILY.xattr.security.capability": e.fcap}
 		}
 		var body []byte
 		if e.typeflag == tar.TypeReg {
