@@ -13,6 +13,7 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use rocefabric_runtime::http_server::{self, Limits};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -157,7 +158,8 @@ pub async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), HttpErr
     Ok((listener, local))
 }
 
-/// Serve on `listener` until `shutdown` is cancelled, then finish in-flight requests.
+/// Serve on `listener` until `shutdown` is cancelled, then finish in-flight requests (a few
+/// seconds at most).
 pub async fn serve(
     listener: TcpListener,
     state: AppState,
@@ -168,8 +170,13 @@ pub async fn serve(
         source,
     })?;
     tracing::info!(%addr, "serving /healthz, /readyz and /metrics");
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await
-        .map_err(|source| HttpError::Serve { addr, source })
+    // On the host network (any pod can connect): header timeout, connection caps, small buffers.
+    http_server::serve(
+        listener,
+        router(state),
+        Limits::default(),
+        shutdown.cancelled_owned(),
+    )
+    .await
+    .map_err(|source| HttpError::Serve { addr, source })
 }

@@ -9,6 +9,8 @@
 
 pub mod backoff;
 pub mod file;
+#[cfg(feature = "server")]
+pub mod http_server;
 pub mod logging;
 #[cfg(feature = "server")]
 pub mod metrics_server;

@@ -9,6 +9,8 @@ use axum::http::header::CONTENT_TYPE;
 use axum::routing::get;
 use prometheus_client::registry::Registry;
 
+use crate::http_server::{self, Limits};
+
 /// The content type of the OpenMetrics text format.
 pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
@@ -19,7 +21,8 @@ pub fn encode(registry: &Registry) -> Option<String> {
     Some(text)
 }
 
-/// Serve `/metrics` and `/healthz` on `addr` until `shutdown` completes.
+/// Serve `/metrics` and `/healthz` on `addr` until `shutdown` completes, within the default
+/// [`Limits`] (the node's port is on the host network: any pod can reach it).
 pub async fn serve(
     addr: SocketAddr,
     registry: Arc<Registry>,
@@ -45,7 +48,5 @@ pub async fn serve(
         .route("/healthz", get(|| async { "ok" }));
     let listener = tokio::net::TcpListener::bind(addr).await?;
     tracing::info!(%addr, "serving metrics");
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
+    http_server::serve(listener, app, Limits::default(), shutdown).await
 }
