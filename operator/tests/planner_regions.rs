@@ -173,6 +173,41 @@ fn a_request_the_space_cannot_hold_keeps_the_pod_gated_and_is_reported() {
     assert!(step(&mut w).writes.is_empty(), "reported once");
 }
 
+/// Issue 39: a tenant's `region-size` text is never copied unbounded into the cluster-scoped
+/// fabric status (a status write the API server refuses would blind every tenant), and a
+/// well-behaved pod is served meanwhile.
+#[test]
+fn oversize_region_size_texts_stay_out_of_the_fabrics_status() {
+    let hostile = "9".repeat(250 << 10);
+    let mut pods: Vec<_> = (0..12)
+        .map(|i| {
+            with_size_request(
+                pod("tenant", &format!("h{i}"), i, &[MEMBER], true),
+                &hostile,
+            )
+        })
+        .collect();
+    pods.push(pod("good", "p", 20, &[MEMBER], true));
+    let mut w = world(vec![shm(4)], vec![], pods);
+    let p = step(&mut w);
+    assert!(
+        region_of(&w, "good", "p").is_some(),
+        "the good pod gets a window"
+    );
+    assert!(gated(&w, "tenant", "h0"));
+    let msg = condition_message(&w, "f", condition::DEGRADED);
+    assert!(
+        msg.contains("tenant/h0") && msg.contains("(256000 bytes)"),
+        "{msg}"
+    );
+    assert!(msg.len() < 4096, "{} bytes of status message", msg.len());
+    let status = serde_json::to_string(&fabric_of(&w, "f").status).expect("a status");
+    assert!(status.len() < 16 << 10, "{} bytes of status", status.len());
+    for e in events(&p) {
+        assert!(e.message.len() < 4096, "{} bytes of event", e.message.len());
+    }
+}
+
 #[test]
 fn a_full_space_keeps_pods_gated_until_a_freed_window_has_cooled_down() {
     let pods = vec![

@@ -9,7 +9,10 @@
 //! [`Limits::lifetime`]. At most [`Limits::max_connections`] are open at once, and at most
 //! [`Limits::max_per_source`] from one address, so one pod that opens hundreds cannot crowd out the
 //! kubelet's probes or Prometheus, which come from other addresses. A connection over a cap is
-//! closed at once, before anything is read from it.
+//! closed at once, before anything is read from it. Connections from this machine itself (the
+//! peer's address is the one it connected to: the kubelet probing a host-network pod) are outside
+//! the caps, so pods that open many connections from many addresses still cannot fail the
+//! kubelet's probes and get the daemon restarted.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -88,9 +91,17 @@ pub async fn serve(
                 }
             },
         };
-        let Some(slot) = slots.take(peer) else {
-            tracing::debug!(%peer, "connection refused: over the connection cap");
-            continue;
+        let local = stream.local_addr().ok().map(|a| a.ip());
+        let slot = if local == Some(peer.ip()) {
+            None
+        } else {
+            match slots.take(peer) {
+                Some(slot) => Some(slot),
+                None => {
+                    tracing::debug!(%peer, "connection refused: over the connection cap");
+                    continue;
+                }
+            }
         };
         let builder = Arc::clone(&builder);
         let service = TowerToHyperService::new(app.clone());

@@ -40,6 +40,22 @@ pub struct CompactPod {
     pub window_failed: bool,
 }
 
+/// The longest `rocefabric.io/region-size` kept as written: a quantity (`4Gi`, `1099511627776`)
+/// is far shorter. A longer value, which any tenant who creates pods can write (up to the API
+/// server's 256 KiB of annotations), is kept as a short excerpt that names its length and never
+/// parses, so the pod is reported invalid by name and neither the operator's memory nor the
+/// fabric's status holds the text.
+pub const MAX_REGION_SIZE_TEXT: usize = 64;
+
+/// `rocefabric.io/region-size` as the planner keeps it: bounded by [`MAX_REGION_SIZE_TEXT`].
+fn region_size_text(value: &str) -> String {
+    if value.len() <= MAX_REGION_SIZE_TEXT {
+        value.to_string()
+    } else {
+        rocefabric_input::shown::shown_within(value, 16)
+    }
+}
+
 /// Whether a container's termination message is `rocefabric-dsm`'s window failure.
 fn window_failure(message: Option<&str>) -> bool {
     message.is_some_and(|m| m.starts_with(WINDOW_FAILED_MESSAGE_PREFIX))
@@ -78,7 +94,7 @@ impl From<&Pod> for CompactPod {
             deleting: meta.deletion_timestamp.is_some(),
             labels: Labels::from(meta.labels.as_ref()),
             region: annotation(REGION_ANNOTATION),
-            region_size: annotation(REGION_SIZE_ANNOTATION),
+            region_size: annotation(REGION_SIZE_ANNOTATION).map(|v| region_size_text(&v)),
             node_name: spec.and_then(|s| s.node_name.clone()),
             gates: spec
                 .and_then(|s| s.scheduling_gates.as_ref())
@@ -270,7 +286,10 @@ impl<'de> Deserialize<'de> for Ours {
                 while let Some(key) = map.next_key::<Text<'de>>()? {
                     match &*key.0 {
                         REGION_ANNOTATION => ours.region = Some(map.next_value()?),
-                        REGION_SIZE_ANNOTATION => ours.region_size = Some(map.next_value()?),
+                        REGION_SIZE_ANNOTATION => {
+                            let text: Text<'de> = map.next_value()?;
+                            ours.region_size = Some(region_size_text(&text.0));
+                        }
                         _ => {
                             map.next_value::<IgnoredAny>()?;
                         }
@@ -343,6 +362,25 @@ mod tests {
                 "containers": [{"name": "c", "image": "busybox"}]},
             "status": {"phase": "Running", "podIP": "10.0.0.1", "containerStatuses": []}
         })
+    }
+
+    #[test]
+    fn an_oversize_region_size_is_kept_as_a_short_excerpt_that_never_parses() {
+        let mut p = full();
+        let hostile = "1".repeat(250 << 10);
+        p["metadata"]["annotations"]["rocefabric.io/region-size"] = serde_json::json!(hostile);
+        let decoded: CompactPod = serde_json::from_value(p.clone()).expect("valid pod");
+        let full_pod: Pod = serde_json::from_value(p).expect("valid pod");
+        assert_eq!(CompactPod::from(&full_pod), decoded, "both decoders agree");
+        let kept = decoded.region_size.expect("kept as an excerpt");
+        assert!(kept.len() < 40, "{} bytes kept", kept.len());
+        assert!(kept.ends_with("…(256000 bytes)"), "{kept}");
+        // At the bound it is kept whole (and parsed as usual).
+        let mut p = full();
+        let long = format!("{}Mi", "0".repeat(MAX_REGION_SIZE_TEXT - 3) + "2");
+        p["metadata"]["annotations"]["rocefabric.io/region-size"] = serde_json::json!(long);
+        let decoded: CompactPod = serde_json::from_value(p).expect("valid pod");
+        assert_eq!(decoded.region_size.as_deref(), Some(long.as_str()));
     }
 
     #[test]

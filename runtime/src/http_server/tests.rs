@@ -1,5 +1,6 @@
 //! The limits, tried over loopback as a hostile client would, from `127.0.0.2` and up, while a
-//! well-behaved client on `127.0.0.1` is served.
+//! well-behaved client on `127.0.0.1`, the server's own address (as the kubelet is to a
+//! host-network pod), is served.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
@@ -157,6 +158,11 @@ async fn the_total_cap_holds_across_sources_and_frees_at_the_lifetime() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let mut over = connect_from(Ipv4Addr::new(127, 0, 0, 4), addr).await;
     assert!(closed_within(&mut over, Duration::from_secs(1)).await);
+    assert_eq!(
+        healthz(addr).await.as_deref(),
+        Ok("HTTP/1.1 200 OK"),
+        "a client on the server's own address (the kubelet, for a host-network pod) is outside the caps"
+    );
     for held in &mut held {
         assert!(
             closed_within(held, Duration::from_secs(5)).await,
