@@ -132,7 +132,7 @@ fn gated_hcas(inv: &Inventory) -> BTreeSet<String> {
 
 /// A pod asking for `count` HCAs; its container prints its environment and device nodes, then
 /// sleeps so its allocation stays held.
-fn hca_pod(name: &str, image: &str, count: u32) -> serde_json::Value {
+pub(crate) fn hca_pod(name: &str, image: &str, count: u32) -> serde_json::Value {
     pod_asking(name, image, HCA_RESOURCE, count)
 }
 

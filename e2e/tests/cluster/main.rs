@@ -23,6 +23,7 @@ mod operator;
 mod plan;
 mod rbac;
 mod regions;
+mod tenant;
 
 use std::path::PathBuf;
 use std::process::Command;
