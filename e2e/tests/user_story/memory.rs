@@ -184,16 +184,7 @@ struct Latency {
 /// perftest's latency program `bin` (with `args`) from a1 to b1 over their granted rxe and GID,
 /// tried until it prints a finite figure.
 fn perftest_lat(story: &Story, bin: &str, args: &str) -> Latency {
-    let b1_ip = story.kubectl(&[
-        "get",
-        "pod",
-        "-n",
-        APPS,
-        "b1",
-        "-o",
-        "jsonpath={.status.podIP}",
-    ]);
-    let common = format!("-d rxe0 -x $NCCL_IB_GID_INDEX -F -n 200 {args}");
+    let common = format!("-n 200 {args}");
     let mut seen = Latency {
         typical: None,
         tries: 0,
@@ -202,19 +193,7 @@ fn perftest_lat(story: &Story, bin: &str, args: &str) -> Latency {
     };
     while seen.tries < TRIES && seen.typical.is_none() {
         seen.tries += 1;
-        story
-            .exec(
-                "b1",
-                &format!("timeout 90 {bin} {common} >/tmp/lat.log 2>&1 &"),
-            )
-            .unwrap_or_else(|e| panic!("start {bin}'s server in b1: {e}"));
-        std::thread::sleep(std::time::Duration::from_secs(2));
-        let out = story
-            .exec(
-                "a1",
-                &format!("timeout 90 {bin} {common} {} 2>&1", b1_ip.trim()),
-            )
-            .unwrap_or_default();
+        let out = perftest_once(story, bin, &common, "a1", "b1");
         let typical = typical_us(&out);
         if typical.is_some_and(f64::is_infinite) {
             seen.inf += 1;
@@ -230,6 +209,34 @@ fn perftest_lat(story: &Story, bin: &str, args: &str) -> Latency {
         seen.typical = typical.filter(|v| v.is_finite());
     }
     seen
+}
+
+/// One run of perftest's `bin` (with `args`) from `client` to `server` over the pods' granted rxe
+/// and GID: its server started in `server`, its client's output (stdout and stderr) returned.
+pub fn perftest_once(story: &Story, bin: &str, args: &str, client: &str, server: &str) -> String {
+    let ip = story.kubectl(&[
+        "get",
+        "pod",
+        "-n",
+        APPS,
+        server,
+        "-o",
+        "jsonpath={.status.podIP}",
+    ]);
+    let args = format!("-d rxe0 -x $NCCL_IB_GID_INDEX -F {args}");
+    story
+        .exec(
+            server,
+            &format!("timeout 120 {bin} {args} >/tmp/{bin}.log 2>&1 &"),
+        )
+        .unwrap_or_else(|e| panic!("start {bin}'s server in {server}: {e}"));
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    story
+        .exec(
+            client,
+            &format!("timeout 120 {bin} {args} {} 2>&1", ip.trim()),
+        )
+        .unwrap_or_default()
 }
 
 /// perftest's `t_typical[usec]` from its result table.

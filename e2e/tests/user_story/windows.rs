@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use crate::devices::{WINDOW_MEMORY, start_pods};
 use crate::kube::{APPS, FABRIC, Story, WAIT, condition, eventually};
-use crate::memory::{directory_lists, ok, window};
+use crate::memory::{directory_lists, ok, perftest_once, window};
 use crate::readme;
 
 const MIB: u64 = 1 << 20;
@@ -121,33 +121,11 @@ fn whole_window(story: &Story, from: &str, peer: &str, size: u64) -> (f64, f64) 
 /// perftest's average bandwidth (MB/s) for `bin` between `client` and `server`, 64 MiB in
 /// messages of 1 MiB over the pods' granted rxe and GID.
 fn perftest_bw(story: &Story, bin: &str, client: &str, server: &str) -> Option<f64> {
-    let ip = story.kubectl(&[
-        "get",
-        "pod",
-        "-n",
-        APPS,
-        server,
-        "-o",
-        "jsonpath={.status.podIP}",
-    ]);
-    let args = "-d rxe0 -x $NCCL_IB_GID_INDEX -F -s 1048576 -n 64";
-    for _ in 0..3 {
-        story
-            .exec(
-                server,
-                &format!("timeout 120 {bin} {args} >/tmp/{bin}.log 2>&1 &"),
-            )
-            .ok()?;
-        std::thread::sleep(std::time::Duration::from_secs(2));
-        let out = story
-            .exec(client, &format!("timeout 120 {bin} {args} {}", ip.trim()))
-            .unwrap_or_default();
+    (0..3).find_map(|_| {
+        let out = perftest_once(story, bin, "-s 1048576 -n 64", client, server);
         // 0.00 is perftest's clock calibration failing under TCG, as its latency's `inf`.
-        if let Some(bw) = average_mb_s(&out).filter(|bw| *bw > 0.0) {
-            return Some(bw);
-        }
-    }
-    None
+        average_mb_s(&out).filter(|bw| *bw > 0.0)
+    })
 }
 
 /// `BW average[MB/sec]` from a perftest bandwidth table.
