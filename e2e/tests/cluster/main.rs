@@ -312,6 +312,19 @@ async fn label_nodes_and_apply_fabric(client: &Client, local: bool) -> Result<Ve
     Ok(nodes)
 }
 
+/// The user and groups the API server gives ServiceAccount `name` of `namespace` (what its token
+/// authenticates as), for impersonation and SubjectAccessReviews.
+pub fn service_account_identity(namespace: &str, name: &str) -> (String, Vec<String>) {
+    (
+        format!("system:serviceaccount:{namespace}:{name}"),
+        vec![
+            "system:serviceaccounts".into(),
+            format!("system:serviceaccounts:{namespace}"),
+            "system:authenticated".into(),
+        ],
+    )
+}
+
 /// Nodes where a node daemon pod of the release runs.
 pub async fn daemon_nodes(client: &Client) -> Result<Vec<String>, String> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);

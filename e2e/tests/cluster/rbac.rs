@@ -13,7 +13,7 @@ use serde_json::json;
 
 use crate::{
     NAMESPACE, RELEASE, WORKLOAD_NAMESPACE, apply_value, cluster, create_pod, delete_pod,
-    eventually, local_cluster,
+    eventually, local_cluster, service_account_identity,
 };
 
 /// One request: verb, API group, resource (with `/subresource`), namespace ("" = cluster scope),
@@ -32,16 +32,11 @@ async fn allowed(client: &Client, service_account: &str, req: Request) -> bool {
         Some((r, s)) => (r, Some(s.to_string())),
         None => (resource, None),
     };
+    let (user, groups) = service_account_identity(NAMESPACE, service_account);
     let sar = SubjectAccessReview {
         spec: SubjectAccessReviewSpec {
-            user: Some(format!(
-                "system:serviceaccount:{NAMESPACE}:{service_account}"
-            )),
-            groups: Some(vec![
-                "system:serviceaccounts".into(),
-                format!("system:serviceaccounts:{NAMESPACE}"),
-                "system:authenticated".into(),
-            ]),
+            user: Some(user),
+            groups: Some(groups),
             resource_attributes: Some(ResourceAttributes {
                 verb: Some(verb.into()),
                 group: Some(group.into()),
@@ -219,19 +214,13 @@ async fn request_as(
     content_type: &str,
     body: &str,
 ) -> Result<String, String> {
+    let (user, groups) = service_account_identity(NAMESPACE, service_account);
     let mut request = http::Request::builder()
         .method(method)
         .uri(format!("{path}?dryRun=All"))
         .header("Content-Type", content_type)
-        .header(
-            "Impersonate-User",
-            format!("system:serviceaccount:{NAMESPACE}:{service_account}"),
-        );
-    for group in [
-        "system:serviceaccounts".to_string(),
-        format!("system:serviceaccounts:{NAMESPACE}"),
-        "system:authenticated".to_string(),
-    ] {
+        .header("Impersonate-User", user);
+    for group in groups {
         request = request.header("Impersonate-Group", group);
     }
     if let Some(node) = node {

@@ -16,7 +16,7 @@ use crate::devices::hca_pod;
 use crate::regions::{assigned_window, gated_pod};
 use crate::{
     FIELD_MANAGER, NAMESPACE, WORKLOAD_NAMESPACE, create_pod, delete_pod, eventually, kubectl,
-    local_cluster, node_daemon_selector, running,
+    local_cluster, node_daemon_selector, running, service_account_identity,
 };
 
 /// The hostile tenant's namespace and ServiceAccount.
@@ -71,12 +71,9 @@ async fn tenant(client: &Client) -> Client {
     )
     .await;
     let mut config = kube::Config::infer().await.expect("kubeconfig");
-    config.auth_info.impersonate = Some(format!("system:serviceaccount:{TENANT}:{TENANT_SA}"));
-    config.auth_info.impersonate_groups = Some(vec![
-        "system:serviceaccounts".into(),
-        format!("system:serviceaccounts:{TENANT}"),
-        "system:authenticated".into(),
-    ]);
+    let (user, groups) = service_account_identity(TENANT, TENANT_SA);
+    config.auth_info.impersonate = Some(user);
+    config.auth_info.impersonate_groups = Some(groups);
     Client::try_from(config).expect("a client as the tenant")
 }
 
