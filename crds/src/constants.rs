@@ -10,8 +10,8 @@ pub const API_VERSION: &str = "rocefabric.io/v1alpha1";
 // Annotation, gate and label names are defined with the other cross-process formats in
 // `rocefabric-formats` (which the data plane uses without this crate); re-exported here.
 pub use rocefabric_formats::names::{
-    FABRIC_LABEL, REGION_ANNOTATION, REGION_DIRECTORY_SUFFIX, REGION_SCHEDULING_GATE,
-    REGION_SIZE_ANNOTATION,
+    FABRIC_LABEL, REGION_ANNOTATION, REGION_DIRECTORY_SUFFIX, REGION_RECLAIMED_ANNOTATION,
+    REGION_SCHEDULING_GATE, REGION_SIZE_ANNOTATION,
 };
 
 /// Extended resource of one RDMA HCA (RoCE port).
@@ -61,6 +61,8 @@ pub mod reason {
     pub const LINK_DOWN: &str = "LinkDown";
     pub const DRIFT_CORRECTED: &str = "DriftCorrected";
     pub const REGION_REASSIGNED: &str = "RegionReassigned";
+    /// A pod's window was taken back: the pod was not bound to a node in time.
+    pub const REGION_RECLAIMED: &str = "RegionReclaimed";
     /// A selected node waits for its rollout slot (RoceNode `spec.pending`).
     pub const ROLLOUT_PENDING: &str = "RolloutPending";
     /// A pod carries the region scheduling gate but no fabric's `podSelector` selects it.

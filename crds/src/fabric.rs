@@ -306,18 +306,64 @@ pub struct SharedMemorySpec {
     #[schemars(range(min = 1, max = 1048576))]
     pub max_regions: u32,
     /// Most regions one pod may take (its `rocefabric.io/region-size` rounded up to whole
-    /// regions); a larger request keeps the pod gated and is reported. Unset: `maxRegions`.
+    /// regions); a larger request keeps the pod gated and is reported. Unset: the namespace's
+    /// limit (`maxRegionsPerNamespace` or its default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 1048576))]
     pub max_regions_per_pod: Option<u32>,
     /// Most regions the pods of one namespace may hold together; a pod that would exceed it
-    /// waits, gated, and is reported. Unset: no limit below `maxRegions`.
+    /// waits, gated, and is reported. Unset: a quarter of `maxRegions` (rounded up), so that no
+    /// one namespace can take the whole space; set it to `maxRegions` to lift the limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 1048576))]
     pub max_regions_per_namespace: Option<u32>,
+    /// Namespaces whose pods may get a window (at most 256). Empty: every namespace. A pod of
+    /// another namespace is never given one (a window it already holds is kept: its containers
+    /// may use it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "set"), length(max = 256), inner(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")))]
+    pub namespaces: Vec<String>,
+    /// Seconds a pod may stay unbound to a node after its window was assigned (and its gate
+    /// removed) before the window is reclaimed, 10..604800 (default 600): a pod that never runs
+    /// (another gate of its own, an impossible nodeSelector) cannot hold space. A reclaimed pod
+    /// gets no other window; its annotation `rocefabric.io/region-reclaimed` says why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 10, max = 604800))]
+    pub reclaim_unbound_after_seconds: Option<u32>,
     /// Pods that get a region. Empty selects the pods labelled `rocefabric.io/fabric: <fabric name>`.
     #[serde(default)]
     pub pod_selector: LabelSelector,
+}
+
+/// Default of `sharedMemory.reclaimUnboundAfterSeconds`.
+pub const DEFAULT_RECLAIM_UNBOUND_AFTER_SECONDS: u32 = 600;
+
+impl SharedMemorySpec {
+    /// The regions the pods of one namespace may hold together: `maxRegionsPerNamespace`, or a
+    /// quarter of `maxRegions` rounded up.
+    pub fn namespace_limit(&self) -> u32 {
+        self.max_regions_per_namespace
+            .unwrap_or_else(|| self.max_regions.div_ceil(4).max(1))
+    }
+
+    /// The regions one pod may take: `maxRegionsPerPod`, or the namespace's limit.
+    pub fn pod_limit(&self) -> u32 {
+        self.max_regions_per_pod
+            .unwrap_or_else(|| self.namespace_limit())
+    }
+
+    /// Whether pods of `namespace` may get a window.
+    pub fn admits_namespace(&self, namespace: &str) -> bool {
+        self.namespaces.is_empty() || self.namespaces.iter().any(|n| n == namespace)
+    }
+
+    /// `reclaimUnboundAfterSeconds` or its default.
+    pub fn reclaim_unbound_after(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(u64::from(
+            self.reclaim_unbound_after_seconds
+                .unwrap_or(DEFAULT_RECLAIM_UNBOUND_AFTER_SECONDS),
+        ))
+    }
 }
 
 /// Rollout pacing.

@@ -184,6 +184,16 @@ fn out_of_range_values_are_rejected_naming_the_field() {
             "spec.sharedMemory",
             "maxRegions",
         ),
+        (
+            json!({"sharedMemory": {"regionSize": "1Gi", "maxRegions": 8, "namespaces": ["Team_A"]}}),
+            "spec.sharedMemory.namespaces[0]",
+            "Team_A",
+        ),
+        (
+            json!({"sharedMemory": {"regionSize": "1Gi", "maxRegions": 8, "reclaimUnboundAfterSeconds": 5}}),
+            "spec.sharedMemory.reclaimUnboundAfterSeconds",
+            "5",
+        ),
     ];
     for (spec, field, value) in cases {
         assert_rejected(spec, field, value);

@@ -11,6 +11,19 @@ use crate::error::{DsmError, Result};
 /// Parse this pod's annotation text into its window `[base, base + size)`; `field` names where
 /// it came from (a file path or variable). Refuses an empty window or one past the 64-bit space.
 pub fn parse_assignment(field: &str, text: &str) -> Result<RegionAssignment> {
+    if text.trim().is_empty() {
+        // The downward API writes an absent annotation as an empty file.
+        return Err(DsmError::input(
+            field,
+            "",
+            format!(
+                "this pod has no window: no rocefabric.io/region annotation (a pod started without \
+                 the rocefabric.io/region scheduling gate, or one whose window was reclaimed: see \
+                 its {} annotation)",
+                rocefabric_formats::names::REGION_RECLAIMED_ANNOTATION
+            ),
+        ));
+    }
     let a = RegionAssignment::parse(text.trim()).map_err(|e| {
         DsmError::input(
             field,
@@ -235,7 +248,8 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            e.starts_with("/etc/podinfo/region \"\": not a region annotation"),
+            e.starts_with("/etc/podinfo/region \"\": this pod has no window")
+                && e.contains("rocefabric.io/region-reclaimed"),
             "{e}"
         );
         let e = parse_assignment("r", r#"{"fabric":"f","id":0,"base":0,"size":0}"#).unwrap_err();

@@ -84,6 +84,12 @@ fn land(engine: &mut Incremental, plan: &Plan, now: Timestamp) {
             Write::DeleteRegionDirectory { namespace, fabric } => {
                 engine.remove_config_map(namespace, &format!("{fabric}-regions"));
             }
+            Write::ReclaimPodRegion { namespace, pod, .. } => {
+                let mut p = engine.pod(namespace, pod).unwrap().clone();
+                p.region = None;
+                p.region_reclaimed = true;
+                engine.upsert_pod(p);
+            }
             Write::Event(_) => {}
         }
     }

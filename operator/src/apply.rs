@@ -17,7 +17,7 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType, Recorder, Reporter};
 use kube::{Api, Client, Resource};
 use rocefabric_api::constants::{
-    OPERATOR_FIELD_MANAGER, REGION_ANNOTATION, REGION_SCHEDULING_GATE,
+    OPERATOR_FIELD_MANAGER, REGION_ANNOTATION, REGION_RECLAIMED_ANNOTATION, REGION_SCHEDULING_GATE,
 };
 use rocefabric_api::{RoceFabric, RoceFabricStatus, RoceNode};
 use serde_json::json;
@@ -126,6 +126,26 @@ fn is_not_found(err: &kube::Error) -> bool {
     matches!(err, kube::Error::Api(status) if status.code == 404)
 }
 
+/// A merge patch of a pod's `annotations`, only on the pod as seen: its `uid` and
+/// `resourceVersion`, when known, are preconditions (409 on a pod changed or re-created since).
+fn pod_annotations_patch(
+    annotations: serde_json::Value,
+    (uid, resource_version): (Option<&str>, Option<&str>),
+) -> serde_json::Value {
+    let mut metadata = json!({ "annotations": annotations });
+    if let Some(uid) = uid {
+        metadata["uid"] = json!(uid);
+    }
+    if let Some(rv) = resource_version {
+        metadata["resourceVersion"] = json!(rv);
+    }
+    json!({ "metadata": metadata })
+}
+
+fn is_conflict(err: &kube::Error) -> bool {
+    matches!(err, kube::Error::Api(status) if status.code == 409)
+}
+
 fn ssa() -> PatchParams {
     PatchParams::apply(OPERATOR_FIELD_MANAGER).force()
 }
@@ -201,6 +221,23 @@ impl Executor {
             }
             Write::DeleteRegionDirectory { namespace, fabric } => {
                 self.delete_directory(namespace, fabric).await
+            }
+            Write::ReclaimPodRegion {
+                namespace,
+                pod,
+                uid,
+                resource_version,
+                message,
+                event,
+            } => {
+                let preconditions = (uid.as_deref(), resource_version.as_deref());
+                let outcome = self
+                    .reclaim_region(namespace, pod, message, preconditions)
+                    .await?;
+                if outcome == Outcome::Done {
+                    self.record_event(event).await?;
+                }
+                Ok(outcome)
             }
             Write::Event(event) => self.record_event(event).await,
         }
@@ -279,14 +316,8 @@ impl Executor {
         (uid, resource_version): (Option<&str>, Option<&str>),
     ) -> Result<Outcome, ApplyError> {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
-        let mut metadata = json!({ "annotations": { REGION_ANNOTATION: value } });
-        if let Some(uid) = uid {
-            metadata["uid"] = json!(uid);
-        }
-        if let Some(rv) = resource_version {
-            metadata["resourceVersion"] = json!(rv);
-        }
-        let body = json!({ "metadata": metadata });
+        let body =
+            pod_annotations_patch(json!({ REGION_ANNOTATION: value }), (uid, resource_version));
         let patched = api
             .patch(pod, &managed_patch(), &Patch::Merge(&body))
             .await
@@ -299,6 +330,35 @@ impl Executor {
         Ok(Outcome::Annotated {
             uid: patched.metadata.uid,
         })
+    }
+
+    /// Remove the pod's region annotation and say why in `rocefabric.io/region-reclaimed`, as
+    /// the pod was seen: a pod changed since (bound, re-created) is left alone.
+    async fn reclaim_region(
+        &self,
+        namespace: &str,
+        pod: &str,
+        message: &str,
+        (uid, resource_version): (Option<&str>, Option<&str>),
+    ) -> Result<Outcome, ApplyError> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let body = pod_annotations_patch(
+            json!({ REGION_ANNOTATION: null, REGION_RECLAIMED_ANNOTATION: message }),
+            (uid, resource_version),
+        );
+        match api.patch(pod, &managed_patch(), &Patch::Merge(&body)).await {
+            Ok(_) => {
+                tracing::warn!(%namespace, %pod, "reclaimed the window of a pod not bound in time");
+                Ok(Outcome::Done)
+            }
+            // Changed since (bound, most likely) or gone: the next pass reads it again.
+            Err(e) if is_not_found(&e) || is_conflict(&e) => Ok(Outcome::AlreadyDone),
+            Err(source) => Err(ApplyError::Api {
+                op: "reclaim the region of",
+                target: format!("pod {namespace}/{pod}"),
+                source,
+            }),
+        }
     }
 
     async fn apply_directory(

@@ -42,7 +42,9 @@ pub enum RegionError {
     },
     #[error("invalid annotation rocefabric.io/region {value:?}: {reason}")]
     BadAnnotation { value: String, reason: String },
-    #[error("asks {slots} regions, more than sharedMemory.maxRegionsPerPod ({cap})")]
+    #[error(
+        "asks {slots} regions, more than the {cap} one pod may take (sharedMemory.maxRegionsPerPod, by default the namespace limit)"
+    )]
     PodCap { slots: u32, cap: u32 },
     #[error("region {id} [{base}, +{size}) does not fit the fabric's geometry: {reason}")]
     Misaligned {

@@ -13,6 +13,7 @@ fn fabric(max_regions: u32) -> Value {
                         "creationTimestamp": "2025-12-01T00:00:00Z"},
            "spec": {"nodeSelector": {"matchLabels": {"rdma": "true"}}, "rollout": {"maxUnavailable": "100%"},
                     "sharedMemory": {"regionSize": "1Gi", "maxRegions": max_regions,
+                                     "maxRegionsPerNamespace": max_regions,
                                      "podSelector": {"matchLabels": {"app": "train"}}}}})
 }
 

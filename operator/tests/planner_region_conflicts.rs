@@ -268,7 +268,8 @@ fn a_running_pod_s_unkeepable_window_is_never_handed_to_a_new_pod() {
             scheduled(pod("ns", "b", 1, &[MEMBER], false), "n0", "10.0.0.2"),
             &window(0, 0, 3 * GI),
         ),
-        pod("ns", "c", 2, &[MEMBER], true),
+        // In another namespace: the two recorded windows use up the quota of `ns`.
+        pod("other", "c", 2, &[MEMBER], true),
     ];
     let mut w = world(vec![shm(4)], nodes("n", 1, &[]), pods);
     step(&mut w);
@@ -278,7 +279,7 @@ fn a_running_pod_s_unkeepable_window_is_never_handed_to_a_new_pod() {
         "b is never rewritten"
     );
     assert_eq!(
-        region_of(&w, "ns", "c").unwrap().id,
+        region_of(&w, "other", "c").unwrap().id,
         3,
         "c gets the only slot b does not use"
     );

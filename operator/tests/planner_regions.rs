@@ -493,11 +493,13 @@ fn requests_are_capped_per_pod_and_per_namespace() {
     );
     let msg = &condition_message(&w, "f", condition::DEGRADED);
     assert!(
-        msg.contains("ns/greedy") && msg.contains("maxRegionsPerPod (4)"),
+        msg.contains("ns/greedy")
+            && msg.contains("more than the 4 one pod may take (sharedMemory.maxRegionsPerPod"),
         "{msg}"
     );
     assert!(
-        msg.contains("ns/third") && msg.contains("maxRegionsPerNamespace 2"),
+        msg.contains("ns/third")
+            && msg.contains("of its limit 2 (sharedMemory.maxRegionsPerNamespace"),
         "{msg}"
     );
     assert!(

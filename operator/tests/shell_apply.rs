@@ -442,3 +442,83 @@ async fn a_refused_roce_node_apply_fails_naming_the_node_and_the_reason() {
     );
     assert_eq!(err.metric_label(), "invalid");
 }
+
+fn reclaim_w0() -> Write {
+    Write::ReclaimPodRegion {
+        namespace: "team".into(),
+        pod: "w0".into(),
+        uid: Some("uid-w0".into()),
+        resource_version: Some("41".into()),
+        message: "not bound to a node 600s after its window was assigned".into(),
+        event: Event {
+            regarding: ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: Some("w0".into()),
+                namespace: Some("team".into()),
+                uid: Some("uid-w0".into()),
+                ..ObjectReference::default()
+            },
+            type_: EventType::Warning,
+            reason: "RegionReclaimed".into(),
+            message: "not bound to a node 600s after its window was assigned".into(),
+        },
+    }
+}
+
+/// A reclaim removes the region annotation and says why, only on the pod as planned (uid and
+/// resourceVersion are preconditions), then records its Event on the pod.
+#[tokio::test(start_paused = true)]
+async fn a_reclaim_patches_the_pod_as_seen_then_records_its_event() {
+    let (client, mut api) = mock_client();
+    let exec = Executor::new(client, "op-0");
+    let write = reclaim_w0();
+    let task = tokio::spawn(async move { exec.execute(&write).await });
+    let patch = api
+        .expect(Method::PATCH, "/api/v1/namespaces/team/pods/w0", MANAGED)
+        .await;
+    assert_eq!(
+        patch.content_type.as_deref(),
+        Some("application/merge-patch+json")
+    );
+    assert_eq!(
+        patch.body,
+        json!({"metadata": {"uid": "uid-w0", "resourceVersion": "41", "annotations": {
+            "rocefabric.io/region": null,
+            "rocefabric.io/region-reclaimed": "not bound to a node 600s after its window was assigned",
+        }}})
+    );
+    patch.ok(&pod_json("w0", &["example.com/hold"], true));
+    let event = api
+        .expect(
+            Method::POST,
+            "/apis/events.k8s.io/v1/namespaces/team/events",
+            &[],
+        )
+        .await;
+    assert_eq!(event.body["reason"], "RegionReclaimed");
+    assert_eq!(event.body["regarding"]["uid"], "uid-w0");
+    event.echo();
+    assert_eq!(
+        task.await.expect("joined").expect("reclaimed"),
+        Outcome::Done
+    );
+}
+
+/// A pod changed since it was planned (bound to a node meanwhile): the server refuses the
+/// precondition, the pod keeps its window, no Event is recorded and the pass does not fail.
+#[tokio::test(start_paused = true)]
+async fn a_reclaim_of_a_pod_changed_since_is_not_needed() {
+    let (client, mut api) = mock_client();
+    let exec = Executor::new(client, "op-0");
+    let write = reclaim_w0();
+    let task = tokio::spawn(async move { exec.execute(&write).await });
+    api.expect(Method::PATCH, "/api/v1/namespaces/team/pods/w0", MANAGED)
+        .await
+        .fail(409, "Conflict");
+    assert_eq!(
+        task.await.expect("joined").expect("not an error"),
+        Outcome::AlreadyDone
+    );
+    api.assert_no_request(Duration::from_secs(2)).await;
+}

@@ -8,6 +8,11 @@ pub const REGION_ANNOTATION: &str = "rocefabric.io/region";
 /// Pod annotation by which a pod asks for a region size other than the fabric's `regionSize`
 /// (a Kubernetes quantity, rounded up to whole regions).
 pub const REGION_SIZE_ANNOTATION: &str = "rocefabric.io/region-size";
+/// Pod annotation the operator writes when it takes back the window of a pod that was not bound
+/// to a node in time (`sharedMemory.reclaimUnboundAfterSeconds`): why, in words. The
+/// `rocefabric.io/region` annotation is removed in the same write, and the pod gets no other
+/// window.
+pub const REGION_RECLAIMED_ANNOTATION: &str = "rocefabric.io/region-reclaimed";
 /// Scheduling gate the operator removes once the pod's region annotation is written.
 pub const REGION_SCHEDULING_GATE: &str = "rocefabric.io/region";
 /// Label the operator puts on each RoceNode and region directory: the fabric that owns it.

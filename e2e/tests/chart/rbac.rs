@@ -340,6 +340,8 @@ fn admission_policies_confine_the_service_accounts() {
         ("operator", "configmaps"),
         ("operator", "pods"),
         ("operator", "pods"),
+        // The region annotations' policy covers the status subresource too.
+        ("operator", "pods/status"),
         ("operator", "secrets"),
     ]
     .into_iter()

@@ -291,7 +291,7 @@ fn operator_writes_are_confined_by_admission_policy() {
         );
         denied_with(
             patch(r#"{"metadata":{"annotations":{"other.io/x":"y"}}}"#).await,
-            "only the rocefabric.io/region annotation",
+            "only the rocefabric.io/region and rocefabric.io/region-reclaimed annotations",
             "operator writes another annotation",
         );
         let configmaps = format!("/api/v1/namespaces/{WORKLOAD_NAMESPACE}/configmaps");

@@ -20,7 +20,7 @@ use crate::{
 };
 
 /// The hostile tenant's namespace and ServiceAccount.
-const TENANT: &str = "rocefabric-e2e-tenant";
+pub(crate) const TENANT: &str = "rocefabric-e2e-tenant";
 const TENANT_SA: &str = "tenant";
 
 /// The chart's node metrics ports: the device plugin's (the container that also serves the
@@ -29,7 +29,7 @@ const PLUGIN_PORT: u16 = 9464;
 const AGENT_PORT: u16 = 9465;
 
 /// Server-side apply of `value` through `api`.
-async fn apply<K>(api: &Api<K>, value: Value) -> K
+pub(crate) async fn apply<K>(api: &Api<K>, value: Value) -> K
 where
     K: kube::Resource + Clone + DeserializeOwned + serde::Serialize + std::fmt::Debug,
 {
@@ -49,25 +49,33 @@ where
 /// The tenant's namespace, with its ServiceAccount bound to `edit` there; and a client that acts
 /// as that ServiceAccount (the admin impersonating it, as its token would).
 async fn tenant(client: &Client) -> Client {
+    tenant_of(client, &[]).await
+}
+
+/// The tenant's namespace and `more` namespaces, its ServiceAccount (in the first) bound to
+/// `edit` in each; and a client that acts as that ServiceAccount.
+pub(crate) async fn tenant_of(client: &Client, more: &[&str]) -> Client {
     let namespaces: Api<Namespace> = Api::all(client.clone());
-    apply(
-        &namespaces,
-        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": TENANT}}),
-    )
-    .await;
+    for ns in std::iter::once(TENANT).chain(more.iter().copied()) {
+        apply(
+            &namespaces,
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+        )
+        .await;
+        let bindings: Api<RoleBinding> = Api::namespaced(client.clone(), ns);
+        apply(
+            &bindings,
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                "metadata": {"name": "tenant-edit"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
+                "subjects": [{"kind": "ServiceAccount", "name": TENANT_SA, "namespace": TENANT}]}),
+        )
+        .await;
+    }
     let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), TENANT);
     apply(
         &accounts,
         json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": TENANT_SA}}),
-    )
-    .await;
-    let bindings: Api<RoleBinding> = Api::namespaced(client.clone(), TENANT);
-    apply(
-        &bindings,
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-            "metadata": {"name": "tenant-edit"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
-            "subjects": [{"kind": "ServiceAccount", "name": TENANT_SA, "namespace": TENANT}]}),
     )
     .await;
     let mut config = kube::Config::infer().await.expect("kubeconfig");
@@ -75,6 +83,23 @@ async fn tenant(client: &Client) -> Client {
     config.auth_info.impersonate = Some(user);
     config.auth_info.impersonate_groups = Some(groups);
     Client::try_from(config).expect("a client as the tenant")
+}
+
+/// Delete `namespace` and wait until it is gone.
+pub(crate) async fn delete_namespace(client: &Client, namespace: &str) {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let _ = namespaces.delete(namespace, &DeleteParams::default()).await;
+    eventually(&format!("namespace {namespace} gone"), || async {
+        match namespaces
+            .get_opt(namespace)
+            .await
+            .map_err(|e| e.to_string())?
+        {
+            None => Ok(()),
+            Some(_) => Err("still there".to_string()),
+        }
+    })
+    .await;
 }
 
 /// The node daemon's pod on `node`.
@@ -394,17 +419,5 @@ async fn flood(client: &Client, local: &LocalCluster) {
     delete_pod(&tenant_pods, "flood").await;
     delete_pod(&good, "tenant-good").await;
     delete_pod(&good, "tenant-good-hca").await;
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    let _ = namespaces.delete(TENANT, &DeleteParams::default()).await;
-    eventually("the tenant's namespace gone", || async {
-        match namespaces
-            .get_opt(TENANT)
-            .await
-            .map_err(|e| e.to_string())?
-        {
-            None => Ok(()),
-            Some(_) => Err("still there".to_string()),
-        }
-    })
-    .await;
+    delete_namespace(client, TENANT).await;
 }

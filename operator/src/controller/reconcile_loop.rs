@@ -227,7 +227,14 @@ impl Looper<'_> {
         let started = Instant::now();
         let (plan, figures) = {
             let mut feed = lock(self.feed);
-            let plan = feed.planner.plan(Timestamp::now());
+            let now = Timestamp::now();
+            let mut plan = feed.planner.plan(now);
+            // Last: windows of pods not bound in time (the planner's memory, not the world's).
+            let (reclaims, next) = feed.planner.reclaims(now);
+            plan.writes.extend(reclaims);
+            if let Some(next) = next {
+                plan.requeue_after = Some(plan.requeue_after.map_or(next, |r| r.min(next)));
+            }
             (plan, feed.planner.figures())
         };
         let planned = started.elapsed();

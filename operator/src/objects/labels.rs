@@ -89,6 +89,17 @@ impl Labels {
         self.0.is_empty()
     }
 
+    /// Keep only the labels whose key `keep` accepts (the rest of a tenant's labels are not the
+    /// planner's to hold).
+    pub fn retain_keys(&mut self, keep: impl Fn(&str) -> bool) {
+        if self.0.iter().all(|(k, _)| keep(k)) {
+            return;
+        }
+        let mut pairs = std::mem::take(&mut self.0).into_vec();
+        pairs.retain(|(k, _)| keep(k));
+        self.0 = pairs.into_boxed_slice();
+    }
+
     /// Set label `key` (tests and what-ifs).
     pub fn insert(&mut self, key: &str, value: &str) {
         let mut pairs = std::mem::take(&mut self.0).into_vec();

@@ -8,7 +8,9 @@ use std::fmt;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use rocefabric_api::constants::{REGION_ANNOTATION, REGION_SIZE_ANNOTATION};
+use rocefabric_api::constants::{
+    REGION_ANNOTATION, REGION_RECLAIMED_ANNOTATION, REGION_SIZE_ANNOTATION,
+};
 use rocefabric_formats::names::WINDOW_FAILED_MESSAGE_PREFIX;
 use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
 
@@ -29,6 +31,9 @@ pub struct CompactPod {
     pub region: Option<String>,
     /// The `rocefabric.io/region-size` annotation.
     pub region_size: Option<String>,
+    /// The pod has the `rocefabric.io/region-reclaimed` annotation: its window was taken back
+    /// and it gets no other (only the fact is kept, not the text).
+    pub region_reclaimed: bool,
     pub node_name: Option<String>,
     /// The names of `spec.schedulingGates`.
     pub gates: Vec<String>,
@@ -95,6 +100,7 @@ impl From<&Pod> for CompactPod {
             labels: Labels::from(meta.labels.as_ref()),
             region: annotation(REGION_ANNOTATION),
             region_size: annotation(REGION_SIZE_ANNOTATION).map(|v| region_size_text(&v)),
+            region_reclaimed: annotation(REGION_RECLAIMED_ANNOTATION).is_some(),
             node_name: spec.and_then(|s| s.node_name.clone()),
             gates: spec
                 .and_then(|s| s.scheduling_gates.as_ref())
@@ -122,9 +128,11 @@ impl From<&CompactPod> for Pod {
             ContainerState, ContainerStateTerminated, ContainerStatus, PodSchedulingGate, PodSpec,
             PodStatus,
         };
+        let reclaimed = p.region_reclaimed.then(|| "reclaimed".to_string());
         let annotations: std::collections::BTreeMap<String, String> = [
             (REGION_ANNOTATION, &p.region),
             (REGION_SIZE_ANNOTATION, &p.region_size),
+            (REGION_RECLAIMED_ANNOTATION, &reclaimed),
         ]
         .into_iter()
         .filter_map(|(k, v)| Some((k.to_string(), v.clone()?)))
@@ -265,12 +273,13 @@ impl RawContainerStatus {
     }
 }
 
-/// The two annotations the planner reads; the others (a `last-applied-configuration` may be
+/// The annotations the planner reads; the others (a `last-applied-configuration` may be
 /// most of a pod) are skipped unread.
 #[derive(Default)]
 struct Ours {
     region: Option<String>,
     region_size: Option<String>,
+    region_reclaimed: bool,
 }
 
 impl<'de> Deserialize<'de> for Ours {
@@ -289,6 +298,10 @@ impl<'de> Deserialize<'de> for Ours {
                         REGION_SIZE_ANNOTATION => {
                             let text: Text<'de> = map.next_value()?;
                             ours.region_size = Some(region_size_text(&text.0));
+                        }
+                        REGION_RECLAIMED_ANNOTATION => {
+                            map.next_value::<IgnoredAny>()?;
+                            ours.region_reclaimed = true;
                         }
                         _ => {
                             map.next_value::<IgnoredAny>()?;
@@ -329,6 +342,7 @@ impl<'de> Deserialize<'de> for CompactPod {
             labels: meta.labels.unwrap_or_default(),
             region: ours.region,
             region_size: ours.region_size,
+            region_reclaimed: ours.region_reclaimed,
             node_name,
             gates: gates
                 .map(|g| g.into_iter().map(|g| g.name).collect())

@@ -148,7 +148,7 @@ pub(crate) fn request_len(
 /// The message of a pod over its namespace's quota.
 pub(crate) fn over_quota_message(len: u32, namespace: &str, held: u64, cap: u32) -> String {
     format!(
-        "needs {} region{}; namespace {} holds {held} of sharedMemory.maxRegionsPerNamespace {cap}",
+        "needs {} region{}; namespace {} holds {held} of its limit {cap} (sharedMemory.maxRegionsPerNamespace, by default a quarter of maxRegions)",
         len,
         if len == 1 { "" } else { "s" },
         namespace

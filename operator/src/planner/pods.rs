@@ -228,6 +228,8 @@ impl<'a, 'w> RegionPlan<'a, 'w> {
                 // A started pod whose window cannot be placed gets no other: see
                 // `reserve_unplaceable`.
                 (Claim::Bad(_), _) if p.started() => None,
+                // Its window was taken back (it was not bound in time): it gets no other.
+                (Claim::None, _) if p.pod.region_reclaimed => None,
                 // Right after a takeover no new window is handed out (one the previous leader
                 // freed may still be cooling): the pod waits without taking room from anyone.
                 (_, Ok(_)) if self.hold_until.is_some() => {
@@ -407,6 +409,14 @@ impl<'a, 'w> RegionPlan<'a, 'w> {
                 .chain(&self.out.over_quota)
                 .find(|(k, _)| *k == p.key())
                 .map(|(_, w)| w.clone())
+                .or_else(|| {
+                    p.pod.region_reclaimed.then(|| {
+                        format!(
+                            "its window was reclaimed (see its {} annotation): it gets no other",
+                            rocefabric_api::constants::REGION_RECLAIMED_ANNOTATION
+                        )
+                    })
+                })
                 .or_else(|| {
                     self.held.contains(&p.key()).then(|| {
                         format!(
@@ -631,8 +641,9 @@ pub(crate) fn unmatched_event(p: &PodRef<'_>) -> Event {
         reason: reason::NO_FABRIC_SELECTS_POD.to_string(),
         message: format!(
             "the pod has the {REGION_SCHEDULING_GATE} scheduling gate but no RoceFabric's \
-             sharedMemory.podSelector selects it (an empty podSelector selects pods labelled \
-             {FABRIC}: <fabric>); it stays Pending until one does",
+             sharedMemory.podSelector selects it in its namespace (an empty podSelector selects \
+             pods labelled {FABRIC}: <fabric>; a fabric with sharedMemory.namespaces serves \
+             only those); it stays Pending until one does",
             FABRIC = rocefabric_api::constants::FABRIC_LABEL
         ),
     }

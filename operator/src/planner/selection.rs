@@ -34,17 +34,10 @@ pub(crate) struct ParsedFabric<'w> {
 pub(crate) struct PodSelection {
     pub selector: PodSelector,
     pub geometry: Geometry,
-    /// `sharedMemory.maxRegionsPerPod`.
+    /// `sharedMemory.maxRegionsPerPod` or its default; `None` when it is the whole space.
     pub per_pod: Option<u32>,
-    /// `sharedMemory.maxRegionsPerNamespace`.
+    /// `sharedMemory.maxRegionsPerNamespace` or its default; `None` when it is the whole space.
     pub per_namespace: Option<u32>,
-}
-
-#[derive(Clone)]
-pub(crate) enum PodSelector {
-    /// An empty `podSelector`: pods labelled `rocefabric.io/fabric: <fabric>`.
-    FabricLabel,
-    Labels(Matcher),
 }
 
 impl<'w> ParsedFabric<'w> {
@@ -64,11 +57,11 @@ impl<'w> ParsedFabric<'w> {
             }
         };
         let pods = obj.spec.shared_memory.as_ref().and_then(|sm| {
-            let selector = if is_empty_selector(&sm.pod_selector) {
-                Some(PodSelector::FabricLabel)
+            let labels = if is_empty_selector(&sm.pod_selector) {
+                Some(PodLabels::FabricLabel)
             } else {
                 match parse_selector(&sm.pod_selector) {
-                    Ok(s) => Some(PodSelector::Labels(s)),
+                    Ok(s) => Some(PodLabels::Labels(s)),
                     Err(message) => {
                         push_unique(&mut errors, "spec.sharedMemory.podSelector", message);
                         None
@@ -90,10 +83,15 @@ impl<'w> ParsedFabric<'w> {
                 }
             };
             Some(PodSelection {
-                selector: selector?,
+                selector: PodSelector {
+                    labels: labels?,
+                    namespaces: sm.namespaces.clone(),
+                },
                 geometry: geometry?,
-                per_pod: sm.max_regions_per_pod,
-                per_namespace: sm.max_regions_per_namespace,
+                // A limit of the whole space is none: a larger request is too large for the
+                // space, a namespace holding all of it leaves the others waiting for room.
+                per_pod: Some(sm.pod_limit()).filter(|&l| l < sm.max_regions),
+                per_namespace: Some(sm.namespace_limit()).filter(|&l| l < sm.max_regions),
             })
         });
         Self {
@@ -115,13 +113,32 @@ impl<'w> ParsedFabric<'w> {
     }
 }
 
+/// Which pods a fabric's windows are for: its pod selector, within its namespaces.
+#[derive(Clone)]
+pub(crate) struct PodSelector {
+    labels: PodLabels,
+    /// `sharedMemory.namespaces`: empty admits every namespace.
+    namespaces: Vec<String>,
+}
+
+#[derive(Clone)]
+enum PodLabels {
+    /// An empty `podSelector`: pods labelled `rocefabric.io/fabric: <fabric>`.
+    FabricLabel,
+    Labels(Matcher),
+}
+
 impl PodSelector {
-    /// Whether the pod selector of fabric `fabric` picks `pod`.
+    /// Whether fabric `fabric` gives `pod` a window: its namespace is admitted and its
+    /// selector picks it.
     pub fn selects(&self, fabric: &str, pod: &CompactPod) -> bool {
-        match self {
-            PodSelector::FabricLabel => pod.labels.get(FABRIC_LABEL) == Some(fabric),
-            PodSelector::Labels(s) => s.matches(&pod.labels),
-        }
+        let admitted =
+            self.namespaces.is_empty() || self.namespaces.iter().any(|n| **n == *pod.namespace);
+        admitted
+            && match &self.labels {
+                PodLabels::FabricLabel => pod.labels.get(FABRIC_LABEL) == Some(fabric),
+                PodLabels::Labels(s) => s.matches(&pod.labels),
+            }
     }
 }
 

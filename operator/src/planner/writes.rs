@@ -67,6 +67,18 @@ pub enum Write {
     /// Delete the ConfigMap `<fabric>-regions` in `namespace`: no region of the fabric is left
     /// there, or the fabric is gone.
     DeleteRegionDirectory { namespace: String, fabric: String },
+    /// Take back the window of a pod that was not bound in time (see `reclaim`): remove its
+    /// `rocefabric.io/region` annotation and set `rocefabric.io/region-reclaimed` to `message`,
+    /// only on the pod as seen (`uid` and `resourceVersion` are preconditions: a pod bound since
+    /// keeps its window, and the write counts as not needed). `event` is recorded once done.
+    ReclaimPodRegion {
+        namespace: String,
+        pod: String,
+        uid: Option<String>,
+        resource_version: Option<String>,
+        message: String,
+        event: Event,
+    },
     /// Record an Event.
     Event(Event),
 }
@@ -82,6 +94,7 @@ impl Write {
             Write::RemovePodGate { .. } => "remove_pod_gate",
             Write::ApplyRegionDirectory { .. } => "apply_region_directory",
             Write::DeleteRegionDirectory { .. } => "delete_region_directory",
+            Write::ReclaimPodRegion { .. } => "reclaim_pod_region",
             Write::Event(_) => "event",
         }
     }

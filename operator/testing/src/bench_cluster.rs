@@ -33,6 +33,8 @@ pub fn fabric(region_size: &str, max_regions: u32) -> RoceFabric {
                 max_regions,
                 max_regions_per_pod: None,
                 max_regions_per_namespace: None,
+                namespaces: Vec::new(),
+                reclaim_unbound_after_seconds: None,
                 pod_selector: LabelSelector {
                     match_labels: labels(&[("app", "train")]),
                     ..LabelSelector::default()

@@ -78,7 +78,7 @@ pub fn with_budget(mut f: RoceFabric, budget: IntOrString) -> RoceFabric {
 }
 
 /// Give `f` `max` regions of `size` for pods labelled `pod_selector` (empty: pods labelled
-/// `rocefabric.io/fabric: <name>`).
+/// `rocefabric.io/fabric: <name>`), any namespace's pods together holding all of them.
 pub fn with_shared_memory(
     mut f: RoceFabric,
     size: &str,
@@ -89,7 +89,11 @@ pub fn with_shared_memory(
         region_size: Quantity(size.into()),
         max_regions: max,
         max_regions_per_pod: None,
-        max_regions_per_namespace: None,
+        // Every region to one namespace (the fabric's admin lifts the default quarter): these
+        // fixtures are about the allocation, `with_caps` about the limits.
+        max_regions_per_namespace: Some(max),
+        namespaces: Vec::new(),
+        reclaim_unbound_after_seconds: None,
         pod_selector: LabelSelector {
             match_labels: (!pod_selector.is_empty())
                 .then(|| labels(pod_selector))

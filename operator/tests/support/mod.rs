@@ -141,6 +141,11 @@ pub fn apply_writes(world: &mut World, writes: &[Write]) {
                     .config_maps
                     .retain(|cm| !same_cm(cm, namespace, fabric));
             }
+            Write::ReclaimPodRegion { namespace, pod, .. } => {
+                let p = find_pod(world, namespace, pod);
+                p.region = None;
+                p.region_reclaimed = true;
+            }
             Write::Event(_) => {}
         }
     }

@@ -12,12 +12,15 @@
 //!
 //! Files: this one takes the changes; `build` rebuilds the indexes from a full pass and
 //! `assemble` reads a plan off them; `nodes` and `regions` are the node and region indexes,
-//! `keyed` the objects held, in a `Vec` with an index by key.
+//! `keyed` the objects held, in a `Vec` with an index by key; `reclaim` times the windows of pods
+//! that are never bound.
 
 mod assemble;
 mod build;
+mod held;
 mod keyed;
 mod nodes;
+mod reclaim;
 mod regions;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -36,6 +39,7 @@ use crate::objects::{CompactNode, CompactPod, CompactRoceNode, Matcher};
 use crate::regions::{FreedRegions, Ledger};
 use keyed::Keyed;
 use nodes::{NodeSelectors, Owner, Rollout};
+use reclaim::Unbound;
 use regions::{PodKey, Regions, Step};
 
 /// How the planner has been working, for logs and benchmarks.
@@ -70,6 +74,11 @@ pub struct Incremental {
     pod_selector_specs: Vec<LabelSelector>,
     /// A selector came that was not there before: pods dropped by `wants_pod` may match it.
     selectors_grew: bool,
+    /// The pod label keys some fabric's pod selector reads (and the fabric label): a held pod
+    /// keeps only these, so a tenant's many or long labels cost the operator nothing.
+    label_keys: BTreeSet<String>,
+    /// Pods holding a window unbound, timed for reclaim.
+    unbound: Unbound,
 }
 
 /// The indexes of the last plan.
@@ -113,41 +122,9 @@ impl Incremental {
             pod_selectors: Vec::new(),
             pod_selector_specs: Vec::new(),
             selectors_grew: false,
+            label_keys: BTreeSet::from([FABRIC_LABEL.to_string()]),
+            unbound: Unbound::default(),
         }
-    }
-
-    /// Whether the planner can ever act on `pod`: labelled for a fabric, holding a region,
-    /// gated by us, or picked by a fabric's custom pod selector. Other pods (most of a large
-    /// cluster) are not held at all; when a new custom selector comes, the pods are listed
-    /// again ([`Self::take_selectors_grew`]).
-    pub fn wants_pod(&self, pod: &CompactPod) -> bool {
-        pod.labels.contains_key(FABRIC_LABEL)
-            || pod.region.is_some()
-            || PodRef::new(pod).gated()
-            || self.pod_selectors.iter().any(|s| s.matches(&pod.labels))
-    }
-
-    /// Whether a custom pod selector came since last asked (the pods must be listed again).
-    pub fn take_selectors_grew(&mut self) -> bool {
-        std::mem::take(&mut self.selectors_grew)
-    }
-
-    fn fabrics_changed(&mut self) {
-        let specs: Vec<LabelSelector> = self
-            .fabrics
-            .iter()
-            .filter_map(|f| f.spec.shared_memory.as_ref())
-            .filter(|sm| !selection::is_empty_selector(&sm.pod_selector))
-            .map(|sm| sm.pod_selector.clone())
-            .collect();
-        if specs.iter().any(|s| !self.pod_selector_specs.contains(s)) {
-            self.selectors_grew = true;
-        }
-        self.pod_selectors = specs
-            .iter()
-            .filter_map(|s| selection::parse_selector(s).ok())
-            .collect();
-        self.pod_selector_specs = specs;
     }
 
     pub fn figures(&self) -> Figures {
@@ -347,7 +324,8 @@ impl Incremental {
         if !self.wants_pod(&pod) {
             return self.remove_pod(&key.0, &key.1);
         }
-        let old = self.pods.insert(pod);
+        let old = self.pods.insert(self.read_labels_only(pod));
+        self.unbound.observe(&key, self.pods.get(&key));
         let step = match self.state.as_mut() {
             Some(state) => {
                 state.pod_changed(&key, old.as_ref(), self.pods.get(&key), &self.config_maps)
@@ -364,6 +342,7 @@ impl Incremental {
         let Some(old) = self.pods.remove(&key) else {
             return false;
         };
+        self.unbound.observe(&key, None);
         let step = match self.state.as_mut() {
             Some(state) => state.pod_changed(&key, Some(&old), None, &self.config_maps),
             None => Step::Done,
@@ -451,8 +430,13 @@ impl Incremental {
 
     pub fn replace_pods(&mut self, items: Vec<CompactPod>) {
         self.fall_back();
-        let wanted: Vec<CompactPod> = items.into_iter().filter(|p| self.wants_pod(p)).collect();
+        let wanted: Vec<CompactPod> = items
+            .into_iter()
+            .filter(|p| self.wants_pod(p))
+            .map(|p| self.read_labels_only(p))
+            .collect();
         self.pods.replace(wanted);
+        self.unbound.relisted(self.pods.values());
     }
 
     pub fn replace_config_maps(&mut self, items: Vec<ConfigMap>) {

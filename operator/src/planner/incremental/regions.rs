@@ -50,6 +50,8 @@ enum Held {
     Bad,
     /// Its namespace's quota is used.
     OverQuota,
+    /// Its window was reclaimed: it asks for nothing.
+    Reclaimed,
 }
 
 struct PodEntry {
@@ -201,6 +203,7 @@ impl Regions {
                         Err(_) => return false,
                     }
                 }
+                (None, Claim::None) if pod.region_reclaimed => Held::Reclaimed,
                 (None, _) if bad.contains_key(key.as_str()) => Held::Bad,
                 (None, _) if over.contains_key(key.as_str()) => Held::OverQuota,
                 (None, _) => return false,
@@ -236,6 +239,7 @@ impl Regions {
                     let why = over[key.as_str()].to_string();
                     self.over_quota.insert(sort.clone(), (key.clone(), why));
                 }
+                Held::Reclaimed => {}
             }
             self.pods.insert(
                 pod_key(&p),
@@ -291,6 +295,7 @@ impl Regions {
         let k = p.key();
         self.note_window(pod, &sort);
         let held = match pod::request_len(&p, self.geometry, self.per_pod) {
+            _ if pod.region_reclaimed => Held::Reclaimed,
             Err(e) => {
                 self.bad.insert(sort.clone(), (k.clone(), e.to_string()));
                 Held::Bad
@@ -402,7 +407,7 @@ impl Regions {
             match held {
                 Held::Kept(s) => self.show(&p, s, true, configs),
                 Held::Assigned(s) => self.show(&p, s, false, configs),
-                Held::Exhausted(_) | Held::Bad | Held::OverQuota => {}
+                Held::Exhausted(_) | Held::Bad | Held::OverQuota | Held::Reclaimed => {}
             }
             return Step::Done;
         }
@@ -488,6 +493,7 @@ impl Regions {
             Held::OverQuota => {
                 self.over_quota.remove(&sort);
             }
+            Held::Reclaimed => {}
         }
         self.pods.remove(key);
         Step::Done
