@@ -85,7 +85,6 @@ fn qos_agent_grants() -> BTreeSet<(String, String, String, String)> {
     [
         grant("rocefabric.io", "rocenodes", &["get", "list", "watch"]),
         grant("rocefabric.io", "rocenodes/status", &["patch"]),
-        grant("events.k8s.io", "events", &["create", "patch"]),
     ]
     .into_iter()
     .flatten()
@@ -169,6 +168,19 @@ fn rbac_grants_exactly_what_the_code_uses() {
         &format!("{RELEASE}-rocefabric-node-qos-agent"),
     );
     assert_eq!(grants(&agent.rules.unwrap_or_default()), qos_agent_grants());
+    // Its Events only in `default`, where those about cluster-scoped RoceNodes go.
+    let events: Role = one(
+        &objects,
+        "Role",
+        &format!("{RELEASE}-rocefabric-node-qos-agent-events"),
+    );
+    assert_eq!(events.metadata.namespace.as_deref(), Some("default"));
+    assert_eq!(
+        grants(&events.rules.unwrap_or_default()),
+        grant("events.k8s.io", "events", &["create", "patch"])
+            .into_iter()
+            .collect()
+    );
 
     // Each role is bound to the ServiceAccount of the pods that run that code, and only to it.
     let bindings: Vec<(String, String, String)> = of_kind(&objects, "ClusterRoleBinding")
@@ -202,6 +214,10 @@ fn rbac_grants_exactly_what_the_code_uses() {
             sa("node"),
         ),
         (format!("{RELEASE}-rocefabric-node-qos-agent"), sa("node")),
+        (
+            format!("{RELEASE}-rocefabric-node-qos-agent-events"),
+            sa("node"),
+        ),
     ]
     .into_iter()
     .map(|(role, (ns, sa))| (role, ns, sa))
@@ -309,7 +325,7 @@ fn admission_policies_confine_the_service_accounts() {
             );
             continue;
         }
-        let sa = if name.ends_with("-own-rocenode") {
+        let sa = if name.ends_with("-own-rocenode") || name.ends_with("-own-events") {
             "node"
         } else {
             "operator"
@@ -335,6 +351,7 @@ fn admission_policies_confine_the_service_accounts() {
     }
     covered.sort();
     let want: Vec<(&str, String)> = [
+        ("node", "events"),
         ("node", "rocenodes"),
         ("node", "rocenodes/status"),
         ("operator", "configmaps"),

@@ -47,12 +47,12 @@ fn default_render_has_every_part_and_nothing_optional() {
         ("ServiceAccount", 2),
         ("ClusterRole", 3),
         ("ClusterRoleBinding", 3),
-        ("Role", 1),
-        ("RoleBinding", 1),
+        ("Role", 2),
+        ("RoleBinding", 2),
         ("Service", 2),
         ("ConfigMap", 1),
-        ("ValidatingAdmissionPolicy", 7),
-        ("ValidatingAdmissionPolicyBinding", 7),
+        ("ValidatingAdmissionPolicy", 8),
+        ("ValidatingAdmissionPolicyBinding", 8),
     ]
     .into_iter()
     .map(|(k, n)| (k.to_string(), n))
@@ -62,7 +62,11 @@ fn default_render_has_every_part_and_nothing_optional() {
         let cluster_scoped = o["kind"].as_str().is_some_and(|k| {
             k.starts_with("Cluster") || k.starts_with("ValidatingAdmissionPolicy")
         });
-        if o["kind"] != "CustomResourceDefinition" && !cluster_scoped {
+        // The agent's Events Role lives where Events about cluster-scoped objects go.
+        let events_role = o["metadata"]["name"]
+            .as_str()
+            .is_some_and(|n| n.ends_with("-node-qos-agent-events"));
+        if o["kind"] != "CustomResourceDefinition" && !cluster_scoped && !events_role {
             assert_eq!(
                 o["metadata"]["namespace"],
                 NAMESPACE,
@@ -245,7 +249,19 @@ fn optional_parts_follow_their_toggles() {
     assert_eq!(p["metadata"]["namespace"], "ml");
     let fabric_pods = json!({"matchLabels": {"rocefabric.io/fabric": "training"}});
     assert_eq!(p["spec"]["podSelector"], fabric_pods);
+    // By default every port only from the fabric's own pods: nothing opened to other sources
+    // (it would override the namespace's default-deny).
     let ingress = &p["spec"]["ingress"];
+    assert_eq!(
+        ingress,
+        &json!([{"from": [{"podSelector": fabric_pods}]}]),
+        "every port, from the fabric's pods only"
+    );
+    let open = render(
+        &engine,
+        json!({"dataPlanePolicy": {"otherPorts": true, "fabrics": [{"fabric": "training", "namespace": "ml"}]}}),
+    );
+    let ingress = &of_kind(&open, "NetworkPolicy")[0]["spec"]["ingress"];
     assert_eq!(ingress[0]["from"], json!([{"podSelector": fabric_pods}]));
     assert_eq!(
         ingress[0]["ports"],
@@ -268,7 +284,11 @@ fn optional_parts_follow_their_toggles() {
         p["spec"]["podSelector"],
         json!({"matchLabels": {"app": "trainer"}})
     );
-    assert_eq!(p["spec"]["ingress"].as_array().map(Vec::len), Some(1));
+    assert_eq!(
+        p["spec"]["ingress"],
+        json!([{"from": [{"podSelector": {"matchLabels": {"app": "trainer"}}}],
+                "ports": [{"protocol": "TCP", "port": 18516}]}])
+    );
 
     let off = render(
         &engine,

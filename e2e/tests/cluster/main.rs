@@ -24,6 +24,7 @@ mod plan;
 mod rbac;
 mod regions;
 mod tenant;
+mod tenant_memory;
 mod tenant_regions;
 
 use std::path::PathBuf;

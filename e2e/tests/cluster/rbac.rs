@@ -198,6 +198,9 @@ fn node_service_account_has_least_privilege() {
         ("patch", "", "nodes/status", "", "n"),
         ("create", "", "configmaps", NAMESPACE, ""),
         ("patch", "", "pods", WORKLOAD_NAMESPACE, "p"),
+        // Events only in `default`, where those about cluster-scoped RoceNodes go.
+        ("create", "events.k8s.io", "events", WORKLOAD_NAMESPACE, ""),
+        ("create", "events.k8s.io", "events", NAMESPACE, ""),
     ];
     ctx.rt.block_on(check_table(&ctx.client, &sa, allow, deny));
 }
@@ -407,6 +410,39 @@ fn node_agent_writes_only_its_own_rocenode() {
             patch_status(None, &node).await,
             "may write only the RoceNode of its own node",
             "a token bound to no node writes a RoceNode status",
+        );
+        // Its Events: only about its own node's RoceNode (the agent records drift so).
+        let event_about = |name: &str| {
+            json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
+                "metadata": {"name": format!("rfe2e-probe-{name}"), "namespace": "default"},
+                "eventTime": "2026-01-01T00:00:00.000000Z", "reportingController": "rocefabric-agent",
+                "reportingInstance": "probe", "action": "Reconcile", "reason": "Probe", "type": "Normal",
+                "regarding": {"apiVersion": "rocefabric.io/v1alpha1", "kind": "RoceNode", "name": name}})
+            .to_string()
+        };
+        let post_event = |body: String| {
+            let sa = sa.clone();
+            let node = node.clone();
+            async move {
+                request_as(
+                    client,
+                    &sa,
+                    Some(&node),
+                    "POST",
+                    "/apis/events.k8s.io/v1/namespaces/default/events",
+                    "application/json",
+                    &body,
+                )
+                .await
+            }
+        };
+        post_event(event_about(&node))
+            .await
+            .expect("the agent records an Event about its own RoceNode");
+        denied_with(
+            post_event(event_about(other)).await,
+            "Events only about the RoceNode of its own node",
+            "an agent records an Event about another node's RoceNode",
         );
         let _ = fabrics.delete("e2e-other", &Default::default()).await;
         let _ = nodes.delete(other, &Default::default()).await;

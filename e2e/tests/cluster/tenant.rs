@@ -135,6 +135,13 @@ fn restarts_and_ready(pod: &Pod) -> (Vec<(String, i32)>, bool) {
 /// Resident memory (bytes) of the node daemon's process serving `--FLAG` on this machine (the
 /// local cluster's node is this machine).
 fn daemon_rss(flag: &str) -> Option<u64> {
+    process_rss("rocefabric-device-plugin", Some(flag))
+}
+
+/// Resident memory (bytes) of this machine's largest process of `binary` (with an argument
+/// starting with `flag`, when given).
+pub(crate) fn process_rss(binary: &str, flag: Option<&str>) -> Option<u64> {
+    let mut largest = None;
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
         let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
             continue;
@@ -143,22 +150,24 @@ fn daemon_rss(flag: &str) -> Option<u64> {
             .split(|b| *b == 0)
             .map(|a| String::from_utf8_lossy(a).into_owned())
             .collect();
-        let ours = args
-            .first()
-            .is_some_and(|a| a.ends_with("rocefabric-device-plugin"));
-        if ours && args.iter().any(|a| a.starts_with(flag)) {
-            let status = std::fs::read_to_string(entry.path().join("status")).ok()?;
-            let kib: u64 = status
-                .lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))?
-                .split_whitespace()
-                .next()?
-                .parse()
-                .ok()?;
-            return Some(kib << 10);
+        let ours = args.first().is_some_and(|a| a.ends_with(binary));
+        if ours && flag.is_none_or(|flag| args.iter().any(|a| a.starts_with(flag))) {
+            let rss = std::fs::read_to_string(entry.path().join("status"))
+                .ok()
+                .and_then(|status| {
+                    let kib: u64 = status
+                        .lines()
+                        .find_map(|l| l.strip_prefix("VmRSS:"))?
+                        .split_whitespace()
+                        .next()?
+                        .parse()
+                        .ok()?;
+                    Some(kib << 10)
+                });
+            largest = largest.max(rss);
         }
     }
-    None
+    largest
 }
 
 /// Established TCP connections on this machine (the node's network namespace) from `source` to
