@@ -20,6 +20,7 @@ use rocefabric_api::constants::{
     OPERATOR_FIELD_MANAGER, REGION_ANNOTATION, REGION_RECLAIMED_ANNOTATION, REGION_SCHEDULING_GATE,
 };
 use rocefabric_api::{RoceFabric, RoceFabricStatus, RoceNode};
+use rocefabric_formats::names::DIRECTORY_KEY;
 use serde_json::json;
 
 use crate::planner::writes::{
@@ -124,6 +125,23 @@ fn fresh_key() -> [u8; 32] {
 
 fn is_not_found(err: &kube::Error) -> bool {
     matches!(err, kube::Error::Api(status) if status.code == 404)
+}
+
+/// The JSON patch that removes from a region directory every key but its one, as it was
+/// applied (its `resourceVersion` tested), or `None` when it holds no other.
+fn foreign_keys_patch(cm: &ConfigMap) -> Option<json_patch::Patch> {
+    let escape = |k: &str| k.replace('~', "~0").replace('/', "~1");
+    let mut ops = vec![json!({"op": "test", "path": "/metadata/resourceVersion",
+                              "value": cm.metadata.resource_version})];
+    for k in cm.data.iter().flat_map(|d| d.keys()) {
+        if k != DIRECTORY_KEY {
+            ops.push(json!({"op": "remove", "path": format!("/data/{}", escape(k))}));
+        }
+    }
+    if cm.binary_data.is_some() {
+        ops.push(json!({"op": "remove", "path": "/binaryData"}));
+    }
+    (ops.len() > 1).then(|| serde_json::from_value(json!(ops)).ok())?
 }
 
 /// A merge patch of a pod's `annotations`, only on the pod as seen: its `uid` and
@@ -369,13 +387,22 @@ impl Executor {
     ) -> Result<Outcome, ApplyError> {
         let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), namespace);
         let name = region_directory_name(fabric);
-        api.patch(&name, &ssa(), &Patch::Apply(body))
+        let err = |op: &'static str| {
+            let target = format!("configmap {namespace}/{name}");
+            move |source| ApplyError::Api { op, target, source }
+        };
+        let applied = api
+            .patch(&name, &ssa(), &Patch::Apply(body))
             .await
-            .map_err(|source| ApplyError::Api {
-                op: "apply",
-                target: format!("configmap {namespace}/{name}"),
-                source,
-            })?;
+            .map_err(err("apply"))?;
+        // A ConfigMap of this name that someone else wrote first keeps the keys the apply does
+        // not own: the directory is replaced, so they go (as the directory was when applied).
+        if let Some(strip) = foreign_keys_patch(&applied) {
+            tracing::warn!(%namespace, configmap = %name, "removed keys someone else wrote into the region directory");
+            api.patch(&name, &managed_patch(), &Patch::<()>::Json(strip))
+                .await
+                .map_err(err("replace"))?;
+        }
         Ok(Outcome::Done)
     }
 

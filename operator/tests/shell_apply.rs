@@ -522,3 +522,45 @@ async fn a_reclaim_of_a_pod_changed_since_is_not_needed() {
     );
     api.assert_no_request(Duration::from_secs(2)).await;
 }
+
+/// A region directory someone else wrote first (a tenant's planted ConfigMap of the same name)
+/// is replaced: after the apply, the keys the operator does not own are removed, as the
+/// directory was when applied (its resourceVersion tested).
+#[tokio::test(start_paused = true)]
+async fn a_planted_region_directory_is_replaced() {
+    let (client, mut api) = mock_client();
+    let exec = Executor::new(client, "op-0");
+    let apply = Write::ApplyRegionDirectory {
+        namespace: "team".into(),
+        fabric: "dgx".into(),
+        fabric_uid: "uid-dgx".into(),
+        data: BTreeMap::from([("regions.json".to_string(), "[]".to_string())]),
+    };
+    let task = tokio::spawn(async move { exec.execute(&apply).await });
+    api.expect(Method::POST, "/api/v1/namespaces/team/secrets", MANAGED)
+        .await
+        .fail(409, "AlreadyExists");
+    let path = "/api/v1/namespaces/team/configmaps/dgx-regions";
+    let applied = api.expect(Method::PATCH, path, SSA).await;
+    let mut answer = applied.body.clone();
+    answer["metadata"]["resourceVersion"] = json!("77");
+    answer["data"]["peers/extra"] = json!("planted");
+    answer["binaryData"] = json!({"blob": "AAAA"});
+    applied.ok(&answer);
+    let strip = api.expect(Method::PATCH, path, MANAGED).await;
+    assert_eq!(
+        strip.content_type.as_deref(),
+        Some("application/json-patch+json")
+    );
+    assert_eq!(
+        strip.body,
+        json!([
+            {"op": "test", "path": "/metadata/resourceVersion", "value": "77"},
+            {"op": "remove", "path": "/data/peers~1extra"},
+            {"op": "remove", "path": "/binaryData"},
+        ])
+    );
+    strip.ok(&json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "dgx-regions", "namespace": "team"}, "data": {"regions.json": "[]"}}));
+    assert_eq!(task.await.expect("joined").expect("applied"), Outcome::Done);
+}

@@ -1,12 +1,13 @@
 //! Issue 39, attack 1 and the doors around it: a tenant with only `edit` rights tries to take a
 //! fabric's windows with pods that never run (a second scheduling gate of its own), with one pod
 //! asking for the whole space, with more pods than its namespace's share, from a namespace the
-//! fabric does not serve, and by undoing a reclaim (through the pod and through `pods/status`).
+//! fabric does not serve, by undoing a reclaim (through the pod and through `pods/status`), and
+//! with a region directory of its own planted before the operator's (attack 7: it is replaced).
 //! A well-behaved tenant in another namespace is served meanwhile.
 
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, ListParams, Patch, PatchParams};
@@ -166,12 +167,41 @@ async fn squat(client: &Client, local: &LocalCluster) {
     // namespace's share, all behind a gate of its own; and one pod from a namespace the fabric
     // does not serve.
     let mine: Api<Pod> = Api::namespaced(as_tenant.clone(), TENANT);
+    // First a directory of its own, planted under the fabric's name and label: peers it makes
+    // up, and a key of its own beside them.
+    let planted: Api<ConfigMap> = Api::namespaced(as_tenant.clone(), TENANT);
+    let directory = format!("{FABRIC}-regions");
+    planted
+        .create(
+            &Default::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": directory, "labels": {FABRIC_LABEL: FABRIC}},
+                "data": {"regions.json": "[{\"pod\":\"ghost\",\"id\":0,\"base\":0,\"size\":1048576}]",
+                         "peers.json": "[\"10.0.0.66\"]"}
+            }))
+            .expect("a configmap"),
+        )
+        .await
+        .expect("the tenant plants a directory");
     let image_pod = |name: &str, size: Option<&str>| fabric_pod(name, TENANT, image, size, true);
     create_pod(&mine, image_pod("squat-all", Some("8Mi"))).await;
     for name in ["squat-0", "squat-1"] {
         create_pod(&mine, image_pod(name, None)).await;
         window_behind_own_gate(&mine, name).await;
     }
+    // The operator replaced the planted directory with its own: one key, its windows only.
+    eventually("the planted directory replaced", || async {
+        let cm = planted.get(&directory).await.map_err(|e| e.to_string())?;
+        let data = cm.data.unwrap_or_default();
+        let text = data.get("regions.json").cloned().unwrap_or_default();
+        let ok = data.len() == 1
+            && text.contains("squat-0")
+            && text.contains("squat-1")
+            && !text.contains("ghost");
+        ok.then_some(()).ok_or(format!("{data:?}"))
+    })
+    .await;
     create_pod(&mine, image_pod("squat-2", None)).await;
     let outside: Api<Pod> = Api::namespaced(as_tenant.clone(), OUTSIDER);
     create_pod(
