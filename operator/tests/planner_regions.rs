@@ -106,13 +106,32 @@ fn each_pod_is_annotated_before_its_gate_is_removed() {
     assert!(step(&mut w).writes.is_empty());
 }
 
+/// A pod held by another gate too (a job queue's admission) gets no window, and holds no space,
+/// until ours is its last gate; then it gets one.
 #[test]
-fn other_gates_are_kept_when_ours_is_removed() {
+fn a_window_waits_until_ours_is_the_last_gate() {
     let p = gated_behind("ns", "p", 0, &[MEMBER], "example.com/quota");
-    let w = world(vec![shm(2)], vec![], vec![p]);
-    let plan = plan(&w, &opts());
-    assert!(plan.writes.iter().any(|w| matches!(w,
-        Write::RemovePodGate { remaining_gates, .. } if remaining_gates == &["example.com/quota".to_string()])));
+    let mut w = world(vec![shm(2)], vec![], vec![p]);
+    let first = step(&mut w);
+    assert!(region_of(&w, "ns", "p").is_none());
+    assert!(!first.writes.iter().any(|w| matches!(
+        w,
+        Write::AnnotatePodRegion { .. } | Write::RemovePodGate { .. }
+    )));
+    let waiting = &first.report.waiting_pods;
+    assert!(
+        waiting
+            .iter()
+            .any(|x| x.pod == "p" && x.reason.contains("example.com/quota")),
+        "{waiting:?}"
+    );
+    find_pod(&mut w, "ns", "p")
+        .gates
+        .retain(|g| g != "example.com/quota");
+    let second = step(&mut w);
+    assert!(region_of(&w, "ns", "p").is_some());
+    assert!(second.writes.iter().any(|w| matches!(w,
+        Write::RemovePodGate { remaining_gates, .. } if remaining_gates.is_empty())));
 }
 
 #[test]

@@ -36,7 +36,7 @@ fn objects() -> Vec<serde_json::Value> {
                "metadata": {"name": "w0", "namespace": "team", "uid": "uid-w0", "labels": {"app": "train"},
                             "creationTimestamp": "2025-12-31T23:00:00Z", "resourceVersion": "1"},
                "spec": {"containers": [{"name": "c", "image": "busybox"}],
-                        "schedulingGates": [{"name": "example.com/quota"}, {"name": "rocefabric.io/region"}]},
+                        "schedulingGates": [{"name": "rocefabric.io/region"}]},
                "status": {"phase": "Pending"}}),
         node("n1", true),
         node("n2", true),

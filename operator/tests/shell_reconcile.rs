@@ -14,7 +14,7 @@ use rocefabric_api::constants::REGION_SCHEDULING_GATE;
 use rocefabric_operator::controller::{Context, PassSummary, reconcile_once};
 use rocefabric_operator::metrics::Metrics;
 use rocefabric_operator::planner::{PlanOptions, World, plan};
-use rocefabric_operator_testing::objects::{fabric, gated_behind, node, now, with_shared_memory};
+use rocefabric_operator_testing::objects::{fabric, node, now, pod, with_shared_memory};
 use rocefabric_operator_testing::verifier::{ApiServerVerifier, MANAGED, SSA, mock_client};
 use serde_json::json;
 use support::{apply, world};
@@ -38,13 +38,7 @@ fn first_world() -> World {
             node("n2", &[("rdma", "true")]),
             node("n3", &[]),
         ],
-        vec![gated_behind(
-            "team",
-            "w0",
-            3590,
-            &[("app", "train")],
-            "example.com/quota",
-        )],
+        vec![pod("team", "w0", 3590, &[("app", "train")], true)],
     )
 }
 
@@ -135,7 +129,7 @@ async fn first_reconcile_applies_roce_nodes_regions_and_status_in_order() {
     );
     let gated = json!({"apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": "w0", "namespace": "team", "annotations": {"rocefabric.io/region": region}},
-        "spec": {"containers": [], "schedulingGates": [{"name": "example.com/quota"}, {"name": REGION_SCHEDULING_GATE}]}});
+        "spec": {"containers": [], "schedulingGates": [{"name": REGION_SCHEDULING_GATE}]}});
     annotate.ok(&gated);
     api.expect(Method::GET, POD, &[]).await.ok(&gated);
     let gate = api.expect(Method::PATCH, POD, MANAGED).await;
@@ -145,7 +139,7 @@ async fn first_reconcile_applies_roce_nodes_regions_and_status_in_order() {
     );
     assert_eq!(
         gate.body[2],
-        json!({"op": "remove", "path": "/spec/schedulingGates/1"})
+        json!({"op": "remove", "path": "/spec/schedulingGates/0"})
     );
     gate.ok(&gated);
 

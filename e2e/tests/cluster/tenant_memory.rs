@@ -43,7 +43,8 @@ fn fabric() -> Value {
     })
 }
 
-/// Hostile pod `i`: behind the fabric's gate (the admission policy requires it) and its own.
+/// Hostile pod `i`: behind the fabric's gate (the admission policy requires it), which its
+/// unparseable size request keeps (a pod behind a gate of its own would not be planned at all).
 fn hostile(i: usize, image: &str) -> Value {
     let mut labels = serde_json::Map::new();
     labels.insert(FABRIC_LABEL.into(), json!(FABRIC));
@@ -63,7 +64,7 @@ fn hostile(i: usize, image: &str) -> Value {
             }
         },
         "spec": {
-            "schedulingGates": [{"name": "tenant.example/never"}, {"name": REGION_SCHEDULING_GATE}],
+            "schedulingGates": [{"name": REGION_SCHEDULING_GATE}],
             "terminationGracePeriodSeconds": 0,
             "containers": [{"name": "c", "image": image, "imagePullPolicy": "IfNotPresent",
                             "command": ["true"]}]

@@ -1,5 +1,6 @@
 //! Issue 39, attack 1 and the doors around it: a tenant with only `edit` rights tries to take a
-//! fabric's windows with pods that never run (a second scheduling gate of its own), with one pod
+//! fabric's windows with pods that never run (a second scheduling gate of its own, a nodeSelector
+//! no node matches), with one pod
 //! asking for the whole space, with more pods than its namespace's share, from a namespace the
 //! fabric does not serve, by undoing a reclaim (through the pod and through `pods/status`), and
 //! with a region directory of its own planted before the operator's (attack 7: it is replaced).
@@ -51,14 +52,14 @@ fn fabric() -> Value {
     })
 }
 
-/// A gated pod of this fabric in `namespace`, asking for `size` when given, behind the
-/// attacker's own gate when `own_gate`.
+/// A gated pod of this fabric in `namespace`, asking for `size` when given; when `nowhere`, with
+/// a nodeSelector no node matches (it is never bound).
 fn fabric_pod(
     name: &str,
     namespace: &str,
     image: &str,
     size: Option<&str>,
-    own_gate: bool,
+    nowhere: bool,
 ) -> Value {
     let mut p = gated_pod(name, image);
     p["metadata"]["namespace"] = json!(namespace);
@@ -66,9 +67,8 @@ fn fabric_pod(
     if let Some(size) = size {
         p["metadata"]["annotations"] = json!({"rocefabric.io/region-size": size});
     }
-    if own_gate {
-        p["spec"]["schedulingGates"] =
-            json!([{"name": OWN_GATE}, {"name": REGION_SCHEDULING_GATE}]);
+    if nowhere {
+        p["spec"]["nodeSelector"] = json!({"tenant.example/nowhere": "true"});
     }
     p
 }
@@ -81,19 +81,17 @@ fn gates(p: &Pod) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// The pod holds a window and only its own gate is left.
-async fn window_behind_own_gate(pods: &Api<Pod>, name: &str) {
-    eventually(
-        &format!("{name}: a window, only its own gate left"),
-        || async {
-            let p = pods.get(name).await.map_err(|e| e.to_string())?;
-            let held = p.annotations().contains_key(REGION_ANNOTATION);
-            match (held, gates(&p)) {
-                (true, g) if g == [OWN_GATE] => Ok(()),
-                (held, g) => Err(format!("window {held}, gates {g:?}")),
-            }
-        },
-    )
+/// The pod holds a window, no gate left, and no node.
+async fn window_unbound(pods: &Api<Pod>, name: &str) {
+    eventually(&format!("{name}: a window, no gate, no node"), || async {
+        let p = pods.get(name).await.map_err(|e| e.to_string())?;
+        let held = p.annotations().contains_key(REGION_ANNOTATION);
+        let node = p.spec.as_ref().and_then(|s| s.node_name.clone());
+        match (held, gates(&p), node) {
+            (true, g, None) if g.is_empty() => Ok(()),
+            (held, g, node) => Err(format!("window {held}, gates {g:?}, node {node:?}")),
+        }
+    })
     .await;
 }
 
@@ -186,9 +184,15 @@ async fn squat(client: &Client, local: &LocalCluster) {
         .expect("the tenant plants a directory");
     let image_pod = |name: &str, size: Option<&str>| fabric_pod(name, TENANT, image, size, true);
     create_pod(&mine, image_pod("squat-all", Some("8Mi"))).await;
+    // Behind a gate of its own: no window, no space held, while that gate stays.
+    let mut behind = image_pod("squat-behind", None);
+    behind["spec"]["schedulingGates"] =
+        json!([{"name": OWN_GATE}, {"name": REGION_SCHEDULING_GATE}]);
+    create_pod(&mine, behind).await;
+    // Pods no node will take: they get windows, and never run.
     for name in ["squat-0", "squat-1"] {
         create_pod(&mine, image_pod(name, None)).await;
-        window_behind_own_gate(&mine, name).await;
+        window_unbound(&mine, name).await;
     }
     // The operator replaced the planted directory with its own: one key, its windows only.
     eventually("the planted directory replaced", || async {
@@ -240,8 +244,13 @@ async fn squat(client: &Client, local: &LocalCluster) {
         "{degraded}"
     );
     assert!(refused(&mine, "squat-all").await && refused(&mine, "squat-2").await);
-    delete_pod(&mine, "squat-all").await;
-    delete_pod(&mine, "squat-2").await;
+    assert!(
+        refused(&mine, "squat-behind").await,
+        "a pod behind its own gate holds nothing"
+    );
+    for name in ["squat-all", "squat-2", "squat-behind"] {
+        delete_pod(&mine, name).await;
+    }
 
     // The pods that never run lose their windows after reclaimUnboundAfterSeconds, and are told.
     let reclaim_wait = Instant::now();

@@ -67,6 +67,12 @@ impl<'w> PodRef<'w> {
         self.gates().iter().any(|g| g == REGION_SCHEDULING_GATE)
     }
 
+    /// Gated by us and by someone else too (a job queue's admission, say): it could not use a
+    /// window yet, so it gets none until ours is its last gate.
+    pub(crate) fn behind_other_gates(&self) -> bool {
+        self.gated() && self.gates().iter().any(|g| g != REGION_SCHEDULING_GATE)
+    }
+
     /// The pod as the object an Event is about.
     pub(crate) fn reference(&self) -> ObjectReference {
         ObjectReference {

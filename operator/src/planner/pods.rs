@@ -230,6 +230,8 @@ impl<'a, 'w> RegionPlan<'a, 'w> {
                 (Claim::Bad(_), _) if p.started() => None,
                 // Its window was taken back (it was not bound in time): it gets no other.
                 (Claim::None, _) if p.pod.region_reclaimed => None,
+                // Held by another gate too: no window (no space held) until ours is the last.
+                (Claim::None | Claim::Bad(_), _) if p.behind_other_gates() => None,
                 // Right after a takeover no new window is handed out (one the previous leader
                 // freed may still be cooling): the pod waits without taking room from anyone.
                 (_, Ok(_)) if self.hold_until.is_some() => {
@@ -409,6 +411,20 @@ impl<'a, 'w> RegionPlan<'a, 'w> {
                 .chain(&self.out.over_quota)
                 .find(|(k, _)| *k == p.key())
                 .map(|(_, w)| w.clone())
+                .or_else(|| {
+                    p.behind_other_gates().then(|| {
+                        let others: Vec<&str> = p
+                            .gates()
+                            .iter()
+                            .map(String::as_str)
+                            .filter(|g| *g != REGION_SCHEDULING_GATE)
+                            .collect();
+                        format!(
+                            "waits for its other scheduling gates ({}) to be removed first",
+                            others.join(", ")
+                        )
+                    })
+                })
                 .or_else(|| {
                     p.pod.region_reclaimed.then(|| {
                         format!(

@@ -52,6 +52,8 @@ enum Held {
     OverQuota,
     /// Its window was reclaimed: it asks for nothing.
     Reclaimed,
+    /// Held by another gate too: it asks for nothing yet.
+    Behind,
 }
 
 struct PodEntry {
@@ -204,6 +206,7 @@ impl Regions {
                     }
                 }
                 (None, Claim::None) if pod.region_reclaimed => Held::Reclaimed,
+                (None, Claim::None) if p.behind_other_gates() => Held::Behind,
                 (None, _) if bad.contains_key(key.as_str()) => Held::Bad,
                 (None, _) if over.contains_key(key.as_str()) => Held::OverQuota,
                 (None, _) => return false,
@@ -239,7 +242,7 @@ impl Regions {
                     let why = over[key.as_str()].to_string();
                     self.over_quota.insert(sort.clone(), (key.clone(), why));
                 }
-                Held::Reclaimed => {}
+                Held::Reclaimed | Held::Behind => {}
             }
             self.pods.insert(
                 pod_key(&p),
@@ -296,6 +299,7 @@ impl Regions {
         self.note_window(pod, &sort);
         let held = match pod::request_len(&p, self.geometry, self.per_pod) {
             _ if pod.region_reclaimed => Held::Reclaimed,
+            _ if p.behind_other_gates() => Held::Behind,
             Err(e) => {
                 self.bad.insert(sort.clone(), (k.clone(), e.to_string()));
                 Held::Bad
@@ -400,6 +404,10 @@ impl Regions {
         {
             return Step::Full;
         }
+        // Its other gates went: it asks for a window now, which the full pass places.
+        if entry.held == Held::Behind && !p.behind_other_gates() {
+            return Step::Full;
+        }
         let held = entry.held;
         let sort = entry.sort.clone();
         if entry.annotation == annotation {
@@ -407,7 +415,11 @@ impl Regions {
             match held {
                 Held::Kept(s) => self.show(&p, s, true, configs),
                 Held::Assigned(s) => self.show(&p, s, false, configs),
-                Held::Exhausted(_) | Held::Bad | Held::OverQuota | Held::Reclaimed => {}
+                Held::Exhausted(_)
+                | Held::Bad
+                | Held::OverQuota
+                | Held::Reclaimed
+                | Held::Behind => {}
             }
             return Step::Done;
         }
@@ -493,7 +505,7 @@ impl Regions {
             Held::OverQuota => {
                 self.over_quota.remove(&sort);
             }
-            Held::Reclaimed => {}
+            Held::Reclaimed | Held::Behind => {}
         }
         self.pods.remove(key);
         Step::Done
