@@ -352,11 +352,6 @@ impl SharedMemorySpec {
             .unwrap_or_else(|| self.namespace_limit())
     }
 
-    /// Whether pods of `namespace` may get a window.
-    pub fn admits_namespace(&self, namespace: &str) -> bool {
-        self.namespaces.is_empty() || self.namespaces.iter().any(|n| n == namespace)
-    }
-
     /// `reclaimUnboundAfterSeconds` or its default.
     pub fn reclaim_unbound_after(&self) -> std::time::Duration {
         std::time::Duration::from_secs(u64::from(

@@ -245,12 +245,11 @@ impl Executor {
                 pod,
                 uid,
                 resource_version,
-                message,
                 event,
             } => {
                 let preconditions = (uid.as_deref(), resource_version.as_deref());
                 let outcome = self
-                    .reclaim_region(namespace, pod, message, preconditions)
+                    .reclaim_region(namespace, pod, &event.message, preconditions)
                     .await?;
                 if outcome == Outcome::Done {
                     self.record_event(event).await?;

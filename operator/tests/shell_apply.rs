@@ -449,7 +449,6 @@ fn reclaim_w0() -> Write {
         pod: "w0".into(),
         uid: Some("uid-w0".into()),
         resource_version: Some("41".into()),
-        message: "not bound to a node 600s after its window was assigned".into(),
         event: Event {
             regarding: ObjectReference {
                 api_version: Some("v1".into()),

@@ -190,11 +190,11 @@ fn a_window_whose_pod_is_never_bound_is_reclaimed() {
         [("attacker".into(), "squat".into(), rv)],
         "as seen: its resourceVersion is the precondition"
     );
-    let Write::ReclaimPodRegion { event, message, .. } = &writes[0] else {
+    let Write::ReclaimPodRegion { event, .. } = &writes[0] else {
         unreachable!()
     };
     assert_eq!(event.reason, reason::REGION_RECLAIMED);
-    assert!(message.contains("60s"), "{message}");
+    assert!(event.message.contains("60s"), "{}", event.message);
 
     // The write lands: the pod has no window and gets none again; its window cools down, then
     // goes to the waiting pod.

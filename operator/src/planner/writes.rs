@@ -68,15 +68,15 @@ pub enum Write {
     /// there, or the fabric is gone.
     DeleteRegionDirectory { namespace: String, fabric: String },
     /// Take back the window of a pod that was not bound in time (see `reclaim`): remove its
-    /// `rocefabric.io/region` annotation and set `rocefabric.io/region-reclaimed` to `message`,
-    /// only on the pod as seen (`uid` and `resourceVersion` are preconditions: a pod bound since
-    /// keeps its window, and the write counts as not needed). `event` is recorded once done.
+    /// `rocefabric.io/region` annotation and set `rocefabric.io/region-reclaimed` to the message
+    /// of `event`, only on the pod as seen (`uid` and `resourceVersion` are preconditions: a pod
+    /// bound since keeps its window, and the write counts as not needed). `event` is recorded
+    /// once done.
     ReclaimPodRegion {
         namespace: String,
         pod: String,
         uid: Option<String>,
         resource_version: Option<String>,
-        message: String,
         event: Event,
     },
     /// Record an Event.

@@ -143,7 +143,6 @@ fn reclaim(pod: &CompactPod, limit: Duration) -> Write {
         pod: pod.name.clone(),
         uid: pod.uid.clone(),
         resource_version: pod.resource_version.clone(),
-        message: message.clone(),
         event: Event {
             regarding: p.reference(),
             type_: EventType::Warning,
